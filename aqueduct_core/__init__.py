@@ -1,0 +1,2 @@
+"""Aqueduct protocol."""
+__version__ = "0.1.0"

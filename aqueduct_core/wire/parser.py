@@ -1,0 +1,172 @@
+"""Frame-sequence parsers for streams (incremental) and datagrams (whole), profile §1.2.
+
+Both enforce the grammar ``sequence := prelude* [ROUTE_TO routed*]`` (G3). A datagram may hold
+only VERSION, ROUTE_TO and MESSAGE. Any malformed input raises
+:class:`~aqueduct_core.errors.RemoteProtocolError` and nothing else.
+
+The stream parser takes chunks of any size. A MESSAGE whose payload has not fully arrived is
+gathered as a list of references to the incoming chunks and joined once when complete, so a
+payload of megabytes costs one copy, whatever the chunk size (transport-tuning.md).
+"""
+
+from __future__ import annotations
+
+from aqueduct_core.errors import RemoteProtocolError
+from aqueduct_core.wire.frames import (
+    DATAGRAM_TYPES,
+    PRELUDE_TYPES,
+    TAG_MESSAGE,
+    Frame,
+    Message,
+    MessageHead,
+    RouteTo,
+    Version,
+    pull_frame,
+    pull_message_head,
+)
+from aqueduct_core.wire.primitives import DEFAULT_LIMITS, Truncated, WireLimits
+
+_Chunk = bytes | bytearray | memoryview
+
+
+class _Grammar:
+    """Tracks one frame sequence's position in the grammar."""
+
+    __slots__ = ("count", "route", "version_first")
+
+    def __init__(self) -> None:
+        self.route: int | None = None
+        self.version_first = False
+        self.count = 0
+
+    def check(self, frame: Frame | MessageHead) -> None:
+        kind = type(frame)
+        if self.count == 0:
+            self.version_first = kind is Version
+        self.count += 1
+        if kind in PRELUDE_TYPES:
+            if self.route is not None:
+                raise RemoteProtocolError(f"{kind.__name__} after ROUTE_TO")
+        elif isinstance(frame, RouteTo):
+            if self.route is not None:
+                raise RemoteProtocolError("a second ROUTE_TO in one frame sequence")
+            self.route = frame.chanid
+        elif self.route is None:
+            name = "Message" if kind is MessageHead else kind.__name__
+            raise RemoteProtocolError(f"{name} with no ROUTE_TO before it")
+
+
+class StreamParser:
+    """Incremental parser for the frame sequence on one QUIC unidirectional stream.
+
+    ``feed`` returns every frame completed by the new bytes, in order. ``route`` and
+    ``version_first`` describe the sequence so far. Set ``flow_control`` once the extension is
+    negotiated (tag 12 becomes legal).
+    """
+
+    def __init__(self, limits: WireLimits = DEFAULT_LIMITS, flow_control: bool = False) -> None:
+        self.limits = limits
+        self.flow_control = flow_control
+        self._grammar = _Grammar()
+        self._buf = b""
+        self._head: MessageHead | None = None
+        self._chunks: list[_Chunk] = []
+        self._need = 0
+
+    @property
+    def route(self) -> int | None:
+        return self._grammar.route
+
+    @property
+    def version_first(self) -> bool:
+        return self._grammar.version_first
+
+    @property
+    def frame_count(self) -> int:
+        return self._grammar.count
+
+    @property
+    def mid_frame(self) -> bool:
+        """True when bytes of an incomplete frame are buffered."""
+        return bool(self._buf) or self._head is not None
+
+    def feed(self, data: _Chunk) -> list[Frame]:
+        frames: list[Frame] = []
+        view = memoryview(data)
+        if self._head is not None:
+            take = min(self._need, len(view))
+            self._chunks.append(view[:take])
+            self._need -= take
+            if self._need:
+                return frames
+            head = self._head
+            self._head = None
+            payload = b"".join(self._chunks)
+            self._chunks = []
+            # The grammar was checked when the head arrived.
+            frames.append(Message(head.num, head.headers, head.attachments, payload))
+            view = view[take:]
+        if self._buf:
+            view = memoryview(self._buf + view)
+        pos = 0
+        end = len(view)
+        limits = self.limits
+        while pos < end:
+            try:
+                if view[pos] == TAG_MESSAGE:
+                    head, ppos = pull_message_head(view, pos + 1, limits)
+                    stop = ppos + head.payload_len
+                    if stop <= end:
+                        frame: Frame = Message(
+                            head.num, head.headers, head.attachments, bytes(view[ppos:stop])
+                        )
+                        pos = stop
+                    else:
+                        # Payload incomplete: gather it from later chunks without rebuffering.
+                        self._head = head
+                        self._chunks = [bytes(view[ppos:end])]
+                        self._need = stop - end
+                        self._buf = b""
+                        # Check placement now, not after megabytes of payload have arrived.
+                        self._grammar.check(head)
+                        return frames
+                else:
+                    frame, pos = pull_frame(view, pos, limits, self.flow_control)
+            except Truncated:
+                break
+            self._grammar.check(frame)
+            frames.append(frame)
+        self._buf = bytes(view[pos:end])
+        return frames
+
+    def reset(self) -> None:
+        """The stream was reset: drop any partially received frame (§2.1)."""
+        self._buf = b""
+        self._head = None
+        self._chunks = []
+        self._need = 0
+
+    def finish(self) -> None:
+        """The stream ended cleanly. Ending mid-frame is a protocol error (case 35)."""
+        if self.mid_frame:
+            raise RemoteProtocolError("stream ended in the middle of a frame")
+
+
+def parse_datagram(
+    data: _Chunk, limits: WireLimits = DEFAULT_LIMITS, flow_control: bool = False
+) -> tuple[list[Frame], bool]:
+    """Parse one datagram. Returns its frames and whether it began with VERSION."""
+    view = memoryview(data)
+    grammar = _Grammar()
+    frames: list[Frame] = []
+    pos = 0
+    while pos < len(view):
+        try:
+            frame, pos = pull_frame(view, pos, limits, flow_control)
+        except Truncated:
+            raise RemoteProtocolError("datagram ends in the middle of a frame") from None
+        if not isinstance(frame, DATAGRAM_TYPES):
+            raise RemoteProtocolError(f"{type(frame).__name__} is not allowed in a datagram")
+        grammar.check(frame)
+        frames.append(frame)
+    return frames, grammar.version_first

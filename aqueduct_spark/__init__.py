@@ -1,0 +1,1 @@
+"""Aqueduct for Spark."""

@@ -9,8 +9,8 @@ Every error a user of ``aqueduct_core`` can see derives from :class:`AqueductErr
   connection and is raised immediately.
 - :class:`ChannelError` is the terminal state of one channel handle:
   :class:`ReceiverDropped`, :class:`ChannelCancelled`, :class:`LostInTransit`,
-  :class:`ConnectionLost`. The first terminal state recorded wins (profile §2.10).
-- :class:`WouldBlock` is not a failure: a ``*_nowait`` call could not complete right now.
+  :class:`ConnectionLost`, and :class:`ChannelClosed` for a handle you ended yourself. The first terminal state recorded wins (profile §2.10).
+- :class:`EndOfChannel` is the clean end of a receiver; :class:`WouldBlock` is not a failure: a ``*_nowait`` call could not complete right now.
 """
 
 from __future__ import annotations
@@ -82,6 +82,16 @@ class ConnectionLost(ChannelError):
     protocol violation, or ``close()``). The cause, if known, is in ``__cause__``."""
 
 
+class ChannelClosed(ChannelError):
+    """You already finished, cancelled or closed this handle yourself, so it cannot be used
+    any more. Not caused by the peer or the network."""
+
+
+class EndOfChannel(AqueductError):
+    """The sender finished the channel and every message has been received. Not a failure:
+    ``async for`` stops on it."""
+
+
 class WouldBlock(AqueductError):
     """A ``*_nowait`` call cannot complete right now: the queue is full (send) or empty
     (receive). Retry later or use the awaiting form."""
@@ -90,9 +100,11 @@ class WouldBlock(AqueductError):
 __all__ = [
     "AqueductError",
     "ChannelCancelled",
+    "ChannelClosed",
     "ChannelError",
     "CloseCode",
     "ConnectionLost",
+    "EndOfChannel",
     "LocalProtocolError",
     "LostInTransit",
     "ProtocolError",

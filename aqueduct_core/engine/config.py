@@ -1,0 +1,41 @@
+"""Engine configuration: timers and limits of profile §2.12, flow control of §3.4."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aqueduct_core.wire.frames import DEFAULT_VERSION
+from aqueduct_core.wire.primitives import WireLimits
+
+DEFAULT_WINDOW = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Every timer and limit of the engine. Times are in seconds."""
+
+    ack_delay: float = 0.05
+    """Reliable acks are sent at most this long after a message arrives (<= 1 s)."""
+    sent_unreliable_delay: float = 0.05
+    """SENT_UNRELIABLE is flushed at most this long after an unreliable send."""
+    unreliable_deadline_min: float = 0.1
+    unreliable_deadline_max: float = 1.0
+    """The unreliable receipt deadline is clamp(2 * RTT, min, max) from when a number is known."""
+    forget_interval: float = 1.0
+    """At most one FORGET_CHANNEL per channel per interval (G20)."""
+    handshake_timeout: float = 10.0
+    """The peer's CONNECTION_HEADERS must arrive within this time (close code 4)."""
+    limits: WireLimits = field(default_factory=WireLimits)
+    max_pending_channels: int = 4096
+    """Live remote-created channels that are not attached yet (close code 3 beyond it)."""
+    max_pending_bytes: int = 4096 * DEFAULT_WINDOW
+    """Bytes buffered in channels that are not attached yet (close code 3 beyond it)."""
+    flow_window: int | None = DEFAULT_WINDOW
+    """Per-channel receive window we advertise (bytes); None: do not take part in flow
+    control (the peer then gets unlimited credit and never sees DEQUEUED)."""
+    dequeued_delay: float = 0.02
+    """Unreported dequeued bytes below half the window are reported after this delay."""
+    version: bytes = DEFAULT_VERSION
+    """The version string sent and required (G30)."""
+    max_datagram_size: int = 1200
+    """Largest datagram the engine builds, until the transport reports the real limit."""

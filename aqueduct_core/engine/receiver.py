@@ -1,0 +1,243 @@
+"""The receiver state machine (profile §2.6, §2.7 for oneshots, §3.4 for credit).
+
+States: OPEN -> FINISH_PENDING (FINISH seen, waiting for data and unreliable decisions) ->
+CLOSED (CLOSE_RECEIVER sent; the machine is destroyed, the application object may remain).
+
+Ack policy: "received means acked" (§2.6). Every received message is acked within the ack
+delay, and before CLOSE_RECEIVER (G17), so a message the application dequeued can never be
+counted as nacked and its attachments never falsely declared lost. All ack, DEQUEUED and
+CLOSE frames of a channel share one control stream, which is what makes the ack bases (G8, G9)
+and the DEQUEUED deltas (§3.2 item 5) well defined.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from aqueduct_core.engine.events import Terminal
+from aqueduct_core.engine.rangeset import RangeSet
+from aqueduct_core.errors import CloseCode, RemoteProtocolError
+from aqueduct_core.wire import ranges as wr
+from aqueduct_core.wire.frames import (
+    AckNackUnreliable,
+    AckReliable,
+    CloseReceiver,
+    Dequeued,
+    Message,
+    encode_frame,
+    push_frame,
+)
+from aqueduct_core.wire.primitives import MAX_U64
+
+if TYPE_CHECKING:
+    from aqueduct_core.engine.connection import Connection
+
+
+class ReceiverSM:
+    def __init__(self, conn: Connection, chanid: int, oneshot: bool) -> None:
+        self.conn = conn
+        self.chanid = chanid
+        self.oneshot = oneshot
+        self.alive = True
+        self.received = RangeSet()
+        """Reliable numbers received at or above ``rel_base``."""
+        self.rel_base = 0
+        """Lowest reliable number not yet acked (the ACK_RELIABLE base, G8)."""
+        self.rel_unacked: list[int] = []
+        self.unrel_cursor = 0
+        """Unreliable numbers below this are decided (the ACK_NACK base, G9)."""
+        self.unrel_pending: set[int] = set()
+        self.unrel_known = 0
+        """Unreliable numbers below this are known to have been sent (G14)."""
+        self.unrel_declared = 0
+        self.deadlines: deque[tuple[float, int]] = deque()
+        self.deadline_armed = False
+        self.ack_armed = False
+        self.finish_count: int | None = None
+        self.cancelled = False
+        self.ctrl_stream: int | None = None
+        # flow control (§3.4): bytes received minus bytes reported dequeued
+        self.in_flight = 0
+        self.unreported = 0
+        self.deq_armed = False
+
+    # -- frames from the sender --------------------------------------------------------
+
+    def on_message(self, frame: Message, datagram: bool) -> None:
+        n = frame.num
+        if datagram:
+            if self.oneshot:
+                raise RemoteProtocolError("a oneshot message arrived in a datagram")
+            if n < self.unrel_cursor:
+                return  # already decided; a nacked message is never delivered (case 41)
+            if n in self.unrel_pending:
+                raise RemoteProtocolError(f"duplicate unreliable MESSAGE_NUM {n}")
+            if self.finish_count is not None and n >= self.unrel_declared:
+                raise RemoteProtocolError("unreliable MESSAGE_NUM beyond the declared total")
+            if n == MAX_U64:
+                raise RemoteProtocolError("MESSAGE_NUM 2**64-1 is not allowed")
+            self.unrel_pending.add(n)
+            self._raise_known(n + 1)
+        else:
+            if n == MAX_U64:
+                raise RemoteProtocolError("MESSAGE_NUM 2**64-1 is not allowed")
+            if n < self.rel_base or n in self.received:
+                raise RemoteProtocolError(f"duplicate reliable MESSAGE_NUM {n}")
+            if self.finish_count is not None and n >= self.finish_count:
+                raise RemoteProtocolError(f"MESSAGE_NUM {n} is beyond FINISH_SENDER's count")
+            if self.oneshot and n != 0:
+                raise RemoteProtocolError("a oneshot channel carries only message 0")
+            self.received.add(n)
+            self.rel_unacked.append(n)
+        cost = self.conn.message_arrived(self, frame)
+        if self.conn.own_window is not None:
+            window = self.conn.own_window
+            self.in_flight += cost
+            if self.in_flight > window and self.in_flight != cost:
+                raise RemoteProtocolError(
+                    f"sender exceeded the flow-control window ({self.in_flight} > {window})",
+                    CloseCode.LIMIT_VIOLATION,
+                )
+        if self.oneshot:
+            self.finish_count = 1  # message 0 implies "finished with 1" (§2.7)
+            self._check_complete()
+            return
+        if not self.ack_armed:
+            self.ack_armed = True
+            self.conn.schedule(self.conn.config.ack_delay, self._ack_timer)
+        if self.finish_count is not None:
+            self._check_complete()
+
+    def on_sent_unreliable(self, count: int) -> None:
+        if self.oneshot:
+            raise RemoteProtocolError("SENT_UNRELIABLE on a oneshot channel")
+        if self.finish_count is not None or self.cancelled:
+            raise RemoteProtocolError("SENT_UNRELIABLE after FINISH_SENDER or CANCEL_SENDER")
+        self.unrel_declared += count
+        if self.unrel_declared > MAX_U64:
+            raise RemoteProtocolError("SENT_UNRELIABLE total overflows")
+        self._raise_known(self.unrel_declared)
+
+    def on_finish(self, count: int) -> None:
+        if self.finish_count is not None or self.cancelled:
+            raise RemoteProtocolError("a second FINISH_SENDER, or FINISH after CANCEL")
+        if self.oneshot and count > 1:
+            raise RemoteProtocolError("FINISH_SENDER > 1 on a oneshot channel")
+        top = self.received.ranges()[-1][1] if self.received else 0
+        if max(top, self.rel_base) > count:
+            raise RemoteProtocolError("FINISH_SENDER count below a received MESSAGE_NUM")
+        if self.unrel_known > self.unrel_declared:
+            raise RemoteProtocolError("unreliable messages beyond SENT_UNRELIABLE's total")
+        self.finish_count = count
+        self._check_complete()
+
+    def on_cancel(self) -> None:
+        if self.cancelled or self.finish_count is not None:
+            raise RemoteProtocolError("a second CANCEL_SENDER, or CANCEL after FINISH")
+        self.cancelled = True
+        self.conn.receiver_closed(self, Terminal.CANCELLED)
+
+    # -- completion --------------------------------------------------------------------
+
+    def _check_complete(self) -> None:
+        count = self.finish_count
+        if count is None or not self.alive:
+            return
+        if self.received.first_gap(self.rel_base) < count:
+            return
+        if self.unrel_cursor < self.unrel_declared:
+            return  # unreliable numbers still undecided: never nack early (case 43)
+        self.conn.receiver_closed(self, Terminal.FINISHED)
+
+    # -- unreliable deadlines ----------------------------------------------------------
+
+    def _raise_known(self, upto: int) -> None:
+        if upto <= self.unrel_known:
+            return
+        self.unrel_known = upto
+        conn = self.conn
+        self.deadlines.append((conn.now + conn.unreliable_deadline(), upto))
+        if not self.deadline_armed:
+            self.deadline_armed = True
+            conn.schedule_at(self.deadlines[0][0], self._deadline_timer)
+
+    def _deadline_timer(self) -> None:
+        self.deadline_armed = False
+        if not self.alive:
+            return
+        now = self.conn.now
+        upto = self.unrel_cursor
+        while self.deadlines and self.deadlines[0][0] <= now:
+            upto = max(upto, self.deadlines.popleft()[1])
+        buf = bytearray()
+        self._push_acks(buf, decide_upto=upto)
+        if buf:
+            self.conn.ctrl_write(self, bytes(buf))
+        if self.deadlines:
+            self.deadline_armed = True
+            self.conn.schedule_at(self.deadlines[0][0], self._deadline_timer)
+        self._check_complete()
+
+    # -- acks --------------------------------------------------------------------------
+
+    def _ack_timer(self) -> None:
+        self.ack_armed = False
+        if self.alive:
+            buf = bytearray()
+            self._push_acks(buf)
+            if buf:
+                self.conn.ctrl_write(self, bytes(buf))
+
+    def _push_acks(self, buf: bytearray, decide_upto: int = 0) -> None:
+        """Ack every received message, and decide unreliable numbers below ``decide_upto``
+        (missing ones are nacked). A contiguous received prefix is acked early."""
+        if self.rel_unacked:
+            push_frame(buf, AckReliable(wr.encode_ack_reliable(self.rel_base, self.rel_unacked)))
+            self.rel_unacked = []
+            self.rel_base = self.received.first_gap(self.rel_base)
+            self.received.discard_below(self.rel_base)
+        cursor = self.unrel_cursor
+        pending = self.unrel_pending
+        upto = max(cursor, decide_upto)
+        while upto in pending:
+            upto += 1
+        if upto > cursor:
+            decisions = [n in pending for n in range(cursor, upto)]
+            push_frame(buf, AckNackUnreliable(wr.encode_ack_nack(decisions)))
+            pending.difference_update(range(cursor, upto))
+            self.unrel_cursor = upto
+
+    def final_acks(self) -> bytes:
+        """Acks for everything received, before CLOSE_RECEIVER (G17). Received unreliable
+        numbers beyond a gap are acked by deciding the gap (CLOSE nacks it anyway)."""
+        buf = bytearray()
+        upto = max(self.unrel_pending) + 1 if self.unrel_pending else 0
+        self._push_acks(buf, decide_upto=upto)
+        push_frame(buf, CloseReceiver())
+        return bytes(buf)
+
+    # -- flow control ------------------------------------------------------------------
+
+    def dequeued(self, cost: int) -> None:
+        """The application took ``cost`` bytes (or they were evicted): report them."""
+        window = self.conn.own_window
+        if window is None or not self.alive:
+            return
+        self.unreported += cost
+        if self.unreported * 2 >= window:
+            self._report_dequeued()
+        elif not self.deq_armed:
+            self.deq_armed = True
+            self.conn.schedule(self.conn.config.dequeued_delay, self._deq_timer)
+
+    def _deq_timer(self) -> None:
+        self.deq_armed = False
+        if self.alive and self.unreported:
+            self._report_dequeued()
+
+    def _report_dequeued(self) -> None:
+        n = self.unreported
+        self.unreported = 0
+        self.in_flight -= n
+        self.conn.ctrl_write(self, encode_frame(Dequeued(n)))

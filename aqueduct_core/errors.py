@@ -92,6 +92,12 @@ class EndOfChannel(AqueductError):
     ``async for`` stops on it."""
 
 
+class DecodeError(AqueductError):
+    """A message payload could not be decoded by its channel's codec (for example bytes that
+    are not CBOR). That message was discarded and its attachments closed; the channel and the
+    connection stay usable."""
+
+
 class WouldBlock(AqueductError):
     """A ``*_nowait`` call cannot complete right now: the queue is full (send) or empty
     (receive). Retry later or use the awaiting form."""
@@ -104,6 +110,7 @@ __all__ = [
     "ChannelError",
     "CloseCode",
     "ConnectionLost",
+    "DecodeError",
     "EndOfChannel",
     "LocalProtocolError",
     "LostInTransit",

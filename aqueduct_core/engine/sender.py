@@ -109,10 +109,9 @@ class SenderSM:
     # -- application side ---------------------------------------------------------------
 
     def configure(self, mode: Mode, policy: QueuePolicy, maxsize: int) -> None:
+        # Any time is fine: the receiver never sees the mode, so a channel may change it.
         if self.oneshot:
             raise LocalProtocolError("a oneshot sender has no mode to choose")
-        if self.next_rel or self.next_unrel or self.queue:
-            raise LocalProtocolError("choose the sender mode before the first send")
         if policy is not QueuePolicy.UNBOUNDED and maxsize < 1:
             raise LocalProtocolError("a bounded queue needs maxsize >= 1")
         if policy is QueuePolicy.DROP_OLDEST and mode is not Mode.UNRELIABLE:

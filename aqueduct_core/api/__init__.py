@@ -1,0 +1,27 @@
+"""The asyncio API of Aqueduct: connections, channels, codecs."""
+
+from aqueduct_core.api.channel import (
+    Delivery,
+    OneshotReceiver,
+    OneshotSender,
+    Receiver,
+    Sender,
+    channel,
+    oneshot,
+)
+from aqueduct_core.api.codec import CborCodec, Codec, RawCodec
+from aqueduct_core.api.connection import Connection
+
+__all__ = [
+    "CborCodec",
+    "Codec",
+    "Connection",
+    "Delivery",
+    "OneshotReceiver",
+    "OneshotSender",
+    "RawCodec",
+    "Receiver",
+    "Sender",
+    "channel",
+    "oneshot",
+]

@@ -1,0 +1,329 @@
+"""The asyncio API over the in-memory transport: what an application using Aqueduct sees.
+
+The same scenarios run over real QUIC with both backends in ``test_quic.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from aqueduct_core.api import channel, oneshot
+from aqueduct_core.errors import (
+    ChannelCancelled,
+    ChannelClosed,
+    ConnectionLost,
+    DecodeError,
+    EndOfChannel,
+    LocalProtocolError,
+    ReceiverDropped,
+    WouldBlock,
+)
+from aqueduct_core.testing.memory import MemoryPair, memory_pair
+
+Scenario = Callable[[MemoryPair], Awaitable[None]]
+
+
+def run(scenario: Scenario, **kw: Any) -> None:
+    async def main() -> None:
+        async with memory_pair(**kw) as pair:
+            await asyncio.wait_for(scenario(pair), 10)
+
+    asyncio.run(main())
+
+
+def test_rpc_over_oneshot() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        reply, answer = oneshot()
+        await pair.client.entrypoint.send({"op": "add", "args": [2, 3], "reply": reply})
+        request = await pair.entrypoint_receiver.recv()
+        request["reply"].send(sum(request["args"]))
+        assert await answer == 5
+
+    run(scenario)
+
+
+def test_stream_back_and_finish() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"out": tx})
+        out = (await pair.entrypoint_receiver.recv())["out"]
+        async with out:
+            for i in range(100):
+                await out.send({"i": i})
+        assert [m["i"] async for m in rx] == list(range(100))
+        await out.wait_closed()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("mode", ["ordered", "unordered", "unreliable"])
+def test_modes_both_directions(mode: str) -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        # client -> server on a channel the client keeps the sender of
+        up_tx, up_rx = channel()
+        down_tx, down_rx = channel()
+        await pair.client.entrypoint.send({"up": up_rx, "down": down_tx})
+        req = await pair.entrypoint_receiver.recv()
+        getattr(up_tx, mode)(maxsize=None)
+        getattr(req["down"], mode)(maxsize=None)
+        for i in range(20):
+            up_tx.send_nowait(i)
+            req["down"].send_nowait(-i)
+        up_tx.finish()
+        req["down"].finish()
+        up = [v async for v in req["up"]]
+        down = [v async for v in down_rx]
+        if mode == "ordered":
+            assert up == list(range(20)) and down == [-i for i in range(20)]
+        else:  # no loss in memory: every message arrives, in any order
+            assert sorted(up) == list(range(20)) and sorted(down) == sorted(-i for i in range(20))
+
+    run(scenario)
+
+
+def test_nested_three_levels_both_ways() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        a_tx, a_rx = channel()  # client gives the server a sender (server -> client)
+        await pair.client.entrypoint.send({"a": a_tx})
+        a = (await pair.entrypoint_receiver.recv())["a"]
+        b_tx, b_rx = channel()  # server gives the client a sender on a (client -> server)
+        await a.send({"b": b_tx})
+        b = (await a_rx.recv())["b"]
+        c_tx, c_rx = channel()  # client gives the server a receiver on b (client -> server)
+        await b.send({"c": c_rx})
+        c = (await b_rx.recv())["c"]
+        await c_tx.send("deep")
+        c_tx.finish()
+        assert [v async for v in c] == ["deep"]
+        for handle in (a, b):
+            handle.finish()
+        assert [v async for v in a_rx] == []
+        assert [v async for v in b_rx] == []
+
+    run(scenario)
+
+
+def test_cancel_is_seen_by_the_receiver() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        await tx.send(1)
+        assert await inbox.recv() == 1
+        tx.cancel()
+        with pytest.raises(ChannelCancelled):
+            await inbox.recv()
+
+    run(scenario)
+
+
+def test_receiver_closed_is_seen_by_the_sender() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        inbox.close()
+        with pytest.raises(ReceiverDropped):
+            await tx.wait_closed()
+        with pytest.raises(ReceiverDropped):
+            await tx.send("late")
+
+    run(scenario)
+
+
+def test_unclaimed_attachments_are_closed_not_leaked() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        # The server's codec decodes the value, but the application drops the handle
+        # inside it without using it: it was detached, so it is the app's; closing the
+        # message without detaching is what the raw codec does.
+        tx2, rx2 = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        req = await pair.entrypoint_receiver.recv()
+        req["in"].close()
+        with pytest.raises(ReceiverDropped):
+            await tx.wait_closed()
+        # A raw-codec channel cannot carry handles at all:
+        raw_tx, raw_rx = channel(codec="raw")
+        await pair.client.entrypoint.send({"data": raw_rx})
+        data = (await pair.entrypoint_receiver.recv())["data"]
+        with pytest.raises(LocalProtocolError):
+            await raw_tx.send({"not": "bytes"})
+        await raw_tx.send(b"\x00\x01")
+        raw_tx.finish()
+        assert [bytes(v) async for v in data] == [b"\x00\x01"]
+        tx2.cancel()
+        rx2.close()
+
+    run(scenario)
+
+
+def test_headers_connection_channel_message() -> None:
+    def hook(client_headers: Any) -> Any:
+        token = dict(client_headers).get(b"token")
+        return [("welcome", b"yes" if token == b"s3cret" else b"no")]
+
+    async def scenario(pair: MemoryPair) -> None:
+        assert pair.client.peer_header("welcome") == b"yes"
+        assert pair.server.peer_header("token") == b"s3cret"
+        tx, rx = channel(headers={"schema": "v1"})
+        await pair.client.entrypoint.send({"in": rx}, headers={"trace": "abc"})
+        delivery = await pair.entrypoint_receiver.recv_message()
+        assert dict(delivery.headers) == {b"trace": b"abc"}
+        inbox = delivery.value["in"]
+        assert dict(inbox.headers)[b"schema"] == b"v1"
+        tx.finish()
+        assert [v async for v in inbox] == []
+
+    run(scenario, client_headers={"token": "s3cret"}, server_headers=hook)
+
+
+def test_local_channel_behaves_like_a_networked_one() -> None:
+    async def main() -> None:
+        tx, rx = channel()
+        tx.ordered(maxsize=2)
+        await tx.send(1)
+        await tx.send(2)
+        with pytest.raises(WouldBlock):
+            tx.send_nowait(3)
+        assert await rx.recv() == 1
+        tx.send_nowait(3)
+        tx.finish()
+        assert [v async for v in rx] == [2, 3]
+        with pytest.raises(ChannelClosed):
+            tx.send_nowait(4)
+        one_tx, one_rx = oneshot()
+        one_tx.send("x")
+        assert await one_rx == "x"
+        tx2, rx2 = channel()
+        rx2.close()
+        with pytest.raises(ReceiverDropped):
+            await tx2.send(1)
+
+    asyncio.run(main())
+
+
+def test_values_queued_locally_are_sent_when_the_receiver_goes_to_the_peer() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await tx.send("before-1")
+        await tx.send("before-2")
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        await tx.send("after")
+        tx.finish()
+        assert [v async for v in inbox] == ["before-1", "before-2", "after"]
+
+    run(scenario)
+
+
+def test_misuse_raises_at_once() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        with pytest.raises(LocalProtocolError, match="sent to the peer"):
+            await rx.recv()
+        with pytest.raises(LocalProtocolError, match="fresh local handle"):
+            await pair.client.entrypoint.send({"again": tx})
+        with pytest.raises(LocalProtocolError, match="cannot encode"):
+            await pair.client.entrypoint.send({"x": object()})
+        with pytest.raises(LocalProtocolError, match="maxsize"):
+            tx.ordered(maxsize=0)
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        tx.finish()
+        with pytest.raises(ChannelClosed):
+            await tx.send(1)
+        assert [v async for v in inbox] == []
+
+    run(scenario)
+
+
+def test_undecodable_payload_is_a_decode_error_not_a_dead_connection() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        # A buggy peer puts bytes that are not CBOR on a CBOR channel.
+        pair.client.engine.send(tx._chanid, b"\xff\xfe not cbor", now=pair.client._now())
+        pair.client._flush()
+        await tx.send(1)
+        tx.finish()
+        with pytest.raises(DecodeError, match="could not decode"):
+            await inbox.recv()
+        assert [v async for v in inbox] == [1]
+        assert not pair.client.is_closed and not pair.server.is_closed
+
+    run(scenario)
+
+
+def test_connection_close_ends_every_handle() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        await pair.server.close()
+        with pytest.raises(ConnectionLost):
+            await inbox.recv()
+        await pair.client.wait_closed()
+        with pytest.raises(ConnectionLost):
+            await tx.send(1)
+
+    run(scenario)
+
+
+def test_backpressure_bounded_sender_waits_for_the_consumer() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        tx.ordered(maxsize=2)
+        payload = b"x" * 200_000  # the default window is 256 KiB: one message outstanding
+
+        async def produce() -> int:
+            sent = 0
+            for _ in range(20):
+                await tx.send(payload)
+                sent += 1
+            tx.finish()
+            return sent
+
+        producer = asyncio.create_task(produce())
+        await asyncio.sleep(0.05)
+        assert not producer.done(), "send should wait while nothing is consumed"
+        buffered = pair.server.memory().received.get(inbox._chanid, 0)
+        assert buffered <= 256 * 1024 + 200_100
+        assert len([v async for v in inbox]) == 20
+        assert await producer == 20
+
+    run(scenario)
+
+
+def test_dropping_a_live_handle_cancels_it_with_a_warning() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        tx, rx = channel()
+        await pair.client.entrypoint.send({"in": rx})
+        inbox = (await pair.entrypoint_receiver.recv())["in"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del tx
+            gc.collect()
+        assert any(issubclass(w.category, ResourceWarning) for w in caught)
+        with pytest.raises(ChannelCancelled):
+            await inbox.recv()
+
+    run(scenario)
+
+
+def test_entrypoint_end() -> None:
+    async def scenario(pair: MemoryPair) -> None:
+        pair.client.entrypoint.finish()
+        with pytest.raises(EndOfChannel):
+            await pair.entrypoint_receiver.recv()
+
+    run(scenario)

@@ -1,2 +1,3 @@
 """Aqueduct protocol."""
+
 __version__ = "0.1.0"

@@ -261,10 +261,18 @@ def _pull_version(data: memoryview, pos: int) -> tuple[Version, int]:
     if end > len(data):
         raise Truncated
     if bytes(data[pos : pos + len(MAGIC)]) != MAGIC:
-        raise RemoteProtocolError("VERSION frame has bad magic bytes", CloseCode.UNSUPPORTED_VERSION)
+        raise RemoteProtocolError(
+            "VERSION frame has bad magic bytes", CloseCode.UNSUPPORTED_VERSION
+        )
     if bytes(data[pos + len(MAGIC) : end]) != HUMAN_TEXT:
-        raise RemoteProtocolError("VERSION frame lacks the AQUEDUCT text", CloseCode.UNSUPPORTED_VERSION)
-    n, pos = pull_length(data, end, MAX_VERSION_STRING, "version string")
+        raise RemoteProtocolError(
+            "VERSION frame lacks the AQUEDUCT text", CloseCode.UNSUPPORTED_VERSION
+        )
+    n, pos = pull_varint(data, end)
+    if n > MAX_VERSION_STRING:
+        raise RemoteProtocolError(
+            f"VERSION string of {n} bytes is not a version we speak", CloseCode.UNSUPPORTED_VERSION
+        )
     if pos + n > len(data):
         raise Truncated
     return Version(bytes(data[pos : pos + n])), pos + n

@@ -95,7 +95,10 @@ class StreamParser:
         view = memoryview(data)
         if self._head is not None:
             take = min(self._need, len(view))
-            self._chunks.append(view[:take])
+            # Keep a reference only to immutable chunks: a caller may reuse a bytearray
+            # receive buffer, which would corrupt (or, being exported, refuse to resize) it.
+            piece = view[:take]
+            self._chunks.append(piece if isinstance(view.obj, bytes) else bytes(piece))
             self._need -= take
             if self._need:
                 return frames

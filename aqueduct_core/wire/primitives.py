@@ -152,7 +152,9 @@ def pull_headers(data: memoryview, pos: int, limits: WireLimits) -> tuple[Header
     ipos = 0
     try:
         while ipos < n:
-            item, ipos = pull_varbytes(inner, ipos, n, "header item")
+            # The block length (already checked against the limit) bounds every item; an item
+            # running past it is malformed (close code 1), not a limit violation (code 3).
+            item, ipos = pull_varbytes(inner, ipos, MAX_U64, "header item")
             items.append(item)
     except Truncated:
         raise RemoteProtocolError("header item overruns its header block") from None

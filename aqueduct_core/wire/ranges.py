@@ -28,7 +28,9 @@ def check_ack_nack(ranges: Sequence[int], error: type[Exception] = RemoteProtoco
         raise error("ACK_NACK_UNRELIABLE needs at least one varint")
     for i, value in enumerate(ranges):
         if value == 0 and (i != 0 or len(ranges) == 1):
-            raise error("ACK_NACK_UNRELIABLE: only a leading ack run (followed by more) may be zero")
+            raise error(
+                "ACK_NACK_UNRELIABLE: only a leading ack run (followed by more) may be zero"
+            )
 
 
 def encode_ack_reliable(base: int, numbers: Iterable[int]) -> tuple[int, ...]:

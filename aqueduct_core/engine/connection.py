@@ -842,6 +842,7 @@ class Connection:
     def _destroy_silently(self, chanid: int) -> None:
         """Destroy a remote-created channel, and those in its queue, without CLOSE or
         CANCEL: the creator already counts them lost."""
+        root = chanid
         work = [chanid]
         while work:
             chanid = work.pop()
@@ -861,7 +862,13 @@ class Connection:
                 for item in ep.queue:
                     work.extend(a.chanid for a in item.message.attachments)
                 ep.queue.clear()
-                ep.app_done = True
+                if chanid == root and ep.attached:
+                    # Its attaching message waits in a live queue: the application may
+                    # still take the handle, which must then say LostInTransit (§2.10). It
+                    # is freed when the application ends it or that message is discarded.
+                    ep.buffered = 0
+                else:
+                    ep.app_done = True
             if sm is not None:
                 self._sm_destroyed(chanid)
             elif ep is not None:

@@ -146,8 +146,11 @@ class ReceiverSM:
             return
         if self.received.first_gap(self.rel_base) < count:
             return
-        if self.unrel_cursor < self.unrel_declared:
-            return  # unreliable numbers still undecided: never nack early (case 43)
+        upto = self.unrel_cursor
+        while upto < self.unrel_declared and upto in self.unrel_pending:
+            upto += 1  # received, so final_acks will ack it: nothing left to wait for
+        if upto < self.unrel_declared:
+            return  # unreliable numbers still missing: never nack early (case 43)
         self.conn.receiver_closed(self, Terminal.FINISHED)
 
     # -- unreliable deadlines ----------------------------------------------------------

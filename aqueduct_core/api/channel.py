@@ -189,6 +189,13 @@ class _SendEnd(Handle):
         self._policy = QueuePolicy.BLOCK
         self._maxsize: int | None = DEFAULT_MAXSIZE
 
+    def _bind(self, conn: Connection, chanid: int) -> None:
+        super()._bind(conn, chanid)
+        if not isinstance(self, OneshotSender):
+            # The queue bound lives in the engine once networked: give it ours (the
+            # default bound too, so ``await send()`` waits for a slow consumer).
+            conn._engine.configure_sender(chanid, self._mode, self._policy, self._maxsize or 0)
+
     def _send_now(self, value: Any, headers: Any) -> None:
         self._check_usable()
         hdrs = check_headers(headers, "message headers")

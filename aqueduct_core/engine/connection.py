@@ -288,15 +288,18 @@ class Connection:
         """The transport's smoothed RTT, for the unreliable receipt deadline."""
         self.rtt = rtt
 
-    def set_transport_backlog(self, nbytes: int, budget: int | None) -> None:
-        """The transport holds ``nbytes`` not yet sent; senders pause above ``budget``."""
+    def set_transport_backlog(self, nbytes: int, budget: int | None) -> bool:
+        """The transport holds ``nbytes`` not yet sent; senders pause above ``budget``.
+        Returns True if paused senders resumed (there may be new commands)."""
         self.tx_backlog = nbytes
         self.tx_budget = budget
-        if self._blocked and self.transport_ready():
-            blocked, self._blocked = self._blocked, {}
-            for sm in blocked.values():
-                if sm.alive:
-                    sm.pump()
+        if not self._blocked or not self.transport_ready():
+            return False
+        blocked, self._blocked = self._blocked, {}
+        for sm in blocked.values():
+            if sm.alive:
+                sm.pump()
+        return True
 
     # == application API ===================================================================
 

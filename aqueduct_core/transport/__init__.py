@@ -1,0 +1,25 @@
+"""Aqueduct over QUIC: the only package that imports a QUIC library (aioquic or qh3)."""
+
+from aqueduct_core.transport.config import TransportConfig
+from aqueduct_core.transport.endpoints import ConnectError, Handler, Server, connect, serve
+from aqueduct_core.transport.tls import (
+    ClientTLS,
+    DevCertificates,
+    InsecureConnectionWarning,
+    ServerTLS,
+    make_dev_certificates,
+)
+
+__all__ = [
+    "ClientTLS",
+    "ConnectError",
+    "DevCertificates",
+    "Handler",
+    "InsecureConnectionWarning",
+    "Server",
+    "ServerTLS",
+    "TransportConfig",
+    "connect",
+    "make_dev_certificates",
+    "serve",
+]

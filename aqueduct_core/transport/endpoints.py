@@ -1,0 +1,286 @@
+"""``connect()`` and ``serve()``: Aqueduct over real QUIC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+import tempfile
+import weakref
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aqueduct_core.api.channel import Receiver
+from aqueduct_core.api.codec import Codec
+from aqueduct_core.api.connection import Connection, builtin_codecs
+from aqueduct_core.api.setup import HeadersHook, client_engine, server_engine
+from aqueduct_core.errors import CloseCode, ConnectionLost
+from aqueduct_core.transport.backends import load, set_limits
+from aqueduct_core.transport.config import (
+    QH3_MAX_PACKET,
+    TransportConfig,
+    pacing_for,
+    packet_size_for,
+    resolve_backend,
+)
+from aqueduct_core.transport.quic import protocol_class, udp_socket
+from aqueduct_core.transport.tls import (
+    ClientTLS,
+    DevCertificates,
+    ServerTLS,
+    file_fingerprint,
+    make_dev_certificates,
+    normalize_fingerprint,
+    warn_insecure,
+)
+from aqueduct_core.wire.chanid import ENTRYPOINT
+
+log = logging.getLogger("aqueduct")
+
+Handler = Callable[[Connection, Receiver[Any]], Awaitable[None]]
+"""A server's per-connection coroutine: ``handler(connection, entrypoint_receiver)``."""
+
+
+class ConnectError(ConnectionLost):
+    """Connecting failed: the server is unreachable, the handshake timed out, or TLS failed.
+    The message names the address and the likely fix."""
+
+
+def _quic_config(backend: Any, config: TransportConfig, client: bool, host: str) -> Any:
+    qc = backend.QuicConfiguration(is_client=client)
+    qc.alpn_protocols = [config.alpn]
+    qc.max_datagram_size = packet_size_for(config, backend.name, host)
+    qc.max_data = config.max_data
+    qc.max_stream_data = config.max_stream_data
+    qc.idle_timeout = config.idle_timeout
+    qc.initial_rtt = config.initial_rtt
+    qc.max_datagram_frame_size = config.max_datagram_frame_size
+    qc.supported_versions = [0x00000001]
+    set_limits(
+        qc,
+        max_streams_uni=config.max_streams_uni,
+        client_udp_payload=min(qc.max_datagram_size, QH3_MAX_PACKET),
+    )
+    return qc
+
+
+async def connect(
+    host: str,
+    port: int,
+    *,
+    headers: Any = (),
+    tls: ClientTLS | None = None,
+    config: TransportConfig | None = None,
+    codecs: dict[str, Codec] | None = None,
+) -> Connection:
+    """Connect to an Aqueduct server; returns once the handshake (QUIC, then Aqueduct's
+    connection headers) completed. ``headers`` are sent as our connection headers."""
+    config = config or TransportConfig()
+    tls = tls or ClientTLS()
+    backend = load(resolve_backend(config.backend))
+    qc = _quic_config(backend, config, True, host)
+    qc.server_name = tls.server_name or host
+    pin = None
+    if tls.fingerprint is not None:
+        pin = normalize_fingerprint(tls.fingerprint)
+        qc.verify_mode = ssl.CERT_NONE
+        if backend.name == "qh3":
+            qc.assert_fingerprint = pin
+    elif tls.insecure:
+        warn_insecure(host)
+        qc.verify_mode = ssl.CERT_NONE
+    elif tls.cafile is not None:
+        qc.load_verify_locations(cafile=tls.cafile)
+    codecs = codecs or builtin_codecs()
+    loop = asyncio.get_running_loop()
+    target = f"quic://{host}:{port}"
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise ConnectError(f"cannot resolve {target}: {exc}") from exc
+    family, _, _, _, addr = infos[0]
+    bind = "::" if family == socket.AF_INET6 else "0.0.0.0"
+    sock = udp_socket(bind, 0, config.socket_buffer, family)
+    quic = backend.QuicConnection(configuration=qc)
+    proto_cls = protocol_class(backend)
+    engine_cfg = config.engine
+    if engine_cfg.handshake_timeout != config.handshake_timeout:
+        from dataclasses import replace
+
+        engine_cfg = replace(engine_cfg, handshake_timeout=config.handshake_timeout)
+
+    def make() -> Connection:
+        return Connection(client_engine(engine_cfg, headers, codecs), codecs)
+
+    try:
+        _, protocol = await loop.create_datagram_endpoint(
+            lambda: proto_cls(
+                quic, config=config, make_connection=make, pin=pin, pacing=pacing_for(config, host)
+            ),
+            sock=sock,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    protocol.connect(addr)
+    conn: Connection = protocol.conn
+    try:
+        await asyncio.wait_for(conn.wait_ready(), config.handshake_timeout)
+    except (TimeoutError, ConnectionLost) as exc:
+        protocol._transport.close()
+        if protocol.pin_error is not None:
+            raise ConnectError(f"{target}: {protocol.pin_error}") from None
+        if isinstance(exc, asyncio.TimeoutError):
+            raise ConnectError(
+                f"no Aqueduct server answered at {target} within {config.handshake_timeout} s: "
+                "is the service running, is the port right, and does UDP reach it?"
+            ) from None
+        raise ConnectError(
+            f"could not connect to {target}: {exc}. If this is a certificate problem, give the "
+            "server's CA file (cafile=...) or pin its fingerprint (fingerprint=...)."
+        ) from exc
+    return conn
+
+
+class Server:
+    """A running Aqueduct server. ``port`` is the bound port (useful with port 0);
+    ``fingerprint`` the SHA-256 of its certificate, for clients to pin."""
+
+    def __init__(self) -> None:
+        self.host = ""
+        self.port = 0
+        self.fingerprint = ""
+        self.dev_certificates: DevCertificates | None = None
+        self.connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._quic_server: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._closed = asyncio.Event()
+
+    @property
+    def ca_file(self) -> str | None:
+        """The development CA file, when the server made its own certificate."""
+        return str(self.dev_certificates.ca_file) if self.dev_certificates else None
+
+    def client_tls(self) -> ClientTLS:
+        """TLS settings a client of this server can use (pins its fingerprint)."""
+        return ClientTLS(fingerprint=self.fingerprint)
+
+    async def close(self) -> None:
+        """Close every connection (code 0) and stop listening."""
+        for conn in list(self.connections):
+            if not conn.is_closed:
+                await conn.close(CloseCode.NO_ERROR, "server shutting down")
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._quic_server is not None:
+            self._quic_server.close()
+            self._quic_server = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def serve(
+    handler: Handler,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls: ServerTLS | None = None,
+    headers: HeadersHook | None = None,
+    config: TransportConfig | None = None,
+    codecs: dict[str, Codec] | None = None,
+) -> Server:
+    """Serve Aqueduct on ``host:port`` (loopback by default; port 0 picks a free one).
+
+    ``handler(connection, entrypoint_receiver)`` runs once per client, after the handshake;
+    the connection is closed when it returns (code 0) or raises (code 5, logged).
+    ``headers(client_headers)`` returns the server's connection headers. Without ``tls`` the
+    server makes a development CA and certificate in a temporary directory; clients pin
+    ``server.fingerprint`` or trust ``server.ca_file``.
+    """
+    config = config or TransportConfig()
+    backend = load(resolve_backend(config.backend))
+    server = Server()
+    if tls is None:
+        server._tmp = tempfile.TemporaryDirectory(prefix="aqueduct-dev-cert-")
+        server.dev_certificates = make_dev_certificates(Path(server._tmp.name))
+        tls = server.dev_certificates.server_tls
+    qc = _quic_config(backend, config, False, host)
+    qc.load_cert_chain(tls.certfile, tls.keyfile)
+    server.fingerprint = file_fingerprint(tls.certfile)
+    codecs = codecs or builtin_codecs()
+    proto_cls = protocol_class(backend)
+    loop = asyncio.get_running_loop()
+
+    def start(conn: Connection) -> None:
+        rx = Receiver[Any](None)
+        rx._bind(conn, ENTRYPOINT)
+        task = loop.create_task(_run_handler(handler, conn, rx))
+        server._tasks.add(task)
+        task.add_done_callback(server._tasks.discard)
+
+    def make() -> Connection:
+        conn = Connection(server_engine(config.engine, headers, codecs), codecs)
+        conn.on_ready = start
+        server.connections.add(conn)
+        return conn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = udp_socket(host, port, config.socket_buffer, family)
+
+    def create_protocol(quic: Any, stream_handler: Any = None) -> Any:
+        return proto_cls(
+            quic,
+            stream_handler,
+            config=config,
+            make_connection=make,
+            pacing=pacing_for(config, host),
+        )
+
+    try:
+        _, server._quic_server = await loop.create_datagram_endpoint(
+            lambda: backend.QuicServer(configuration=qc, create_protocol=create_protocol),
+            sock=sock,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    server.host, server.port = sock.getsockname()[:2]
+    return server
+
+
+async def _run_handler(handler: Handler, conn: Connection, rx: Receiver[Any]) -> None:
+    code, reason = CloseCode.NO_ERROR, ""
+    try:
+        await handler(conn, rx)
+    except ConnectionLost:
+        return
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("connection handler failed")
+        code, reason = CloseCode.INTERNAL, f"server error: {type(exc).__name__}"
+    finally:
+        rx.close()
+    if not conn.is_closed:
+        with contextlib.suppress(ConnectionLost):
+            await conn.close(code, reason)

@@ -1,0 +1,346 @@
+"""The QUIC adapter: the only code that drives a QUIC library.
+
+One protocol class per backend maps QUIC events into the engine (every stream and datagram is
+drained into it at once, so QUIC flow control never waits for the application) and engine
+commands into QUIC. Large writes are handed to the library a slice at a time (at most
+``stream_high_water`` bytes per stream, no copies: memoryview slices) because aioquic re-copies
+its whole unacknowledged buffer on every ACK; the rest waits here and is topped up whenever
+the library transmits. Senders in the engine pause while more than ``send_budget`` bytes wait.
+
+Stream ids come from the engine in QUIC order. A stream is opened in the library only within
+the peer's stream limit and strictly in increasing order (aioquic refuses a lower, unused id
+once a higher one was used; qh3 raises beyond the limit instead of queueing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aqueduct_core.api.connection import Connection
+from aqueduct_core.engine import (
+    CloseConnection,
+    Command,
+    ResetStream,
+    SendDatagram,
+    WriteStream,
+)
+from aqueduct_core.errors import CloseCode
+from aqueduct_core.transport.backends import Backend, apply_aioquic
+from aqueduct_core.transport.config import TransportConfig
+
+log = logging.getLogger("aqueduct.transport")
+
+DATAGRAM_HEADROOM = 40
+"""Bytes kept free in a packet around a DATAGRAM frame (measured overhead: 30-32)."""
+
+_classes: dict[str, type] = {}
+
+
+class PinMismatch(Exception):
+    """The server's certificate does not have the pinned fingerprint."""
+
+
+def protocol_class(backend: Backend) -> type:
+    """The adapter protocol class for ``backend`` (built once per backend)."""
+    cls = _classes.get(backend.name)
+    if cls is None:
+        cls = _classes[backend.name] = _build(backend)
+    return cls
+
+
+def _build(backend: Backend) -> type:
+    ev = backend.events
+    is_aioquic = backend.name == "aioquic"
+    base: Any = backend.QuicConnectionProtocol
+
+    class AqueductProtocol(base):  # type: ignore[misc]
+        """One QUIC connection carrying one Aqueduct connection."""
+
+        # Set by the library's QuicConnectionProtocol.__init__:
+        _quic: Any
+        _loop: asyncio.AbstractEventLoop
+        _transport: Any
+        _timer: asyncio.TimerHandle | None
+        _timer_at: float | None
+
+        def __init__(
+            self,
+            quic: Any,
+            stream_handler: Any = None,
+            *,
+            config: TransportConfig,
+            make_connection: Callable[[], Connection],
+            pin: str | None = None,
+            pacing: bool = True,
+        ) -> None:
+            if is_aioquic:
+                apply_aioquic(quic, pacing)
+            super().__init__(quic, stream_handler)
+            self.config = config
+            self.pin = pin
+            self.pin_error: PinMismatch | None = None
+            self.conn = make_connection()
+            self.conn.attach_driver(self)
+            self.engine = self.conn.engine
+            self._pending: dict[int, deque[tuple[memoryview, bool]]] = {}
+            self._pending_bytes = 0
+            self._waiting: deque[tuple[int, Command]] = deque()
+            """Commands for streams the peer's stream limit does not let us open yet."""
+            self._opened = -1
+            self._fed: set[int] = set()
+            self._soon: asyncio.Handle | None = None
+            self._terminated = False
+
+        # -- engine commands (the Driver protocol) --------------------------------------
+
+        def execute(self, commands: list[Command]) -> None:
+            for cmd in commands:
+                kind = type(cmd)
+                if kind is WriteStream or kind is ResetStream:
+                    sid = cmd.stream_id  # type: ignore[union-attr]
+                    if self._waiting or (sid > self._opened and not self._may_open(sid)):
+                        self._waiting.append((sid, cmd))
+                    else:
+                        self._apply(sid, cmd)
+                elif kind is SendDatagram:
+                    self._datagram(cmd.data)  # type: ignore[union-attr, arg-type]
+                elif kind is CloseConnection:
+                    self._quic.close(error_code=cmd.code, reason_phrase=cmd.reason)  # type: ignore[union-attr]
+            self._transmit_soon()
+
+        def abort(self) -> None:
+            """The engine ended: send the close now (sendto hands it to the kernel at once),
+            then drop the socket. Only a client owns its socket; a server's serves others."""
+            self._terminated = True
+            if self._soon is not None:
+                self._soon.cancel()
+                self._soon = None
+            self.transmit()
+            if self.is_client_side and self._transport is not None:
+                self._transport.close()
+
+        def _apply(self, sid: int, cmd: Command) -> None:
+            if sid > self._opened:
+                self._opened = sid
+            if type(cmd) is ResetStream:
+                dropped = self._pending.pop(sid, None)
+                if dropped:
+                    self._pending_bytes -= sum(len(view) for view, _ in dropped)
+                with contextlib.suppress(ValueError, RuntimeError):
+                    self._quic.reset_stream(sid, 0)  # raises if already sent and acked
+                return
+            data, fin = cmd.data, cmd.fin  # type: ignore[union-attr]
+            queue = self._pending.get(sid)
+            if queue is None and len(data) <= self.config.stream_high_water:
+                self._send(sid, data, fin)
+                return
+            if queue is None:
+                queue = self._pending[sid] = deque()
+            queue.append((memoryview(data), fin))
+            self._pending_bytes += len(data)
+            self._feed(sid)
+
+        def _send(self, sid: int, data: Any, fin: bool) -> None:
+            try:
+                self._quic.send_stream_data(sid, data, end_stream=fin)
+            except (ValueError, RuntimeError) as exc:
+                # The stream was reset by us (a late write after cancel) or the peer
+                # stopped it: the engine no longer needs the data.
+                log.debug("write on stream %d dropped: %s", sid, exc)
+            self._fed.add(sid)
+
+        def _feed(self, sid: int) -> None:
+            """Hand the library up to ``stream_high_water`` bytes of stream ``sid``."""
+            queue = self._pending.get(sid)
+            room = self.config.stream_high_water - self._backlog(sid)
+            while queue and room > 0:
+                view, fin = queue[0]
+                if len(view) <= room:
+                    queue.popleft()
+                    self._send(sid, view, fin)
+                    sent = len(view)
+                else:
+                    queue[0] = (view[room:], fin)
+                    self._send(sid, view[:room], False)
+                    sent = room
+                room -= sent
+                self._pending_bytes -= sent
+            if queue is not None and not queue:
+                del self._pending[sid]
+
+        def _backlog(self, sid: int) -> int:
+            quic = self._quic
+            if is_aioquic:
+                stream = quic._streams.get(sid)
+                if stream is None:
+                    return 0
+                sender = stream.sender
+                return int(sender._buffer_stop - sender._buffer_start)
+            return int(quic.get_send_buffer_size(sid))
+
+        def _may_open(self, sid: int) -> bool:
+            quic = self._quic
+            if is_aioquic:
+                limit = quic._remote_max_streams_uni
+            else:
+                core = quic._core
+                limit = core.stream_limits[1] if core is not None else 0
+            return bool(sid // 4 < limit)
+
+        def max_datagram_payload(self) -> int:
+            quic = self._quic
+            peer = quic._remote_max_datagram_frame_size
+            if peer is None:
+                return 0
+            packet = quic._configuration.max_datagram_size
+            if not is_aioquic and quic._tls is not None:
+                params = quic._tls.remote_transport_parameters
+                if params is not None and params.max_udp_payload_size:
+                    packet = min(packet, params.max_udp_payload_size)
+            return int(max(0, min(packet - DATAGRAM_HEADROOM, peer - 5)))
+
+        def _datagram(self, data: bytes) -> None:
+            if len(data) > self.max_datagram_payload():
+                # Never hand an oversized datagram to the library: it would block every
+                # later datagram (aioquic) or wedge the connection (qh3). It counts as lost.
+                log.warning("datagram of %d bytes exceeds the path limit; dropped", len(data))
+                return
+            self._quic.send_datagram_frame(bytes(data))
+
+        def _transmit_soon(self) -> None:
+            if self._soon is None:
+                self._soon = self._loop.call_soon(self._transmit_now)
+
+        def _transmit_now(self) -> None:
+            self._soon = None
+            if self._transport is not None and not self._transport.is_closing():
+                self.transmit()
+
+        @property
+        def is_client_side(self) -> bool:
+            return bool(self._quic._configuration.is_client)
+
+        # -- the library's side ---------------------------------------------------------
+
+        def transmit(self) -> None:
+            while self._waiting and self._may_open(self._waiting[0][0]):
+                sid, cmd = self._waiting.popleft()
+                self._apply(sid, cmd)
+            for sid in list(self._pending):
+                self._feed(sid)
+            try:
+                super().transmit()
+            except backend.QuicConnectionError as exc:
+                # qh3's datagrams_to_send can raise mid-handshake; re-arm the timer
+                # that transmit() would have armed after sending.
+                log.debug("transmit: %s", exc)
+                timer_at = self._quic.get_timer()
+                if self._timer is not None and self._timer_at != timer_at:
+                    self._timer.cancel()
+                    self._timer = None
+                if self._timer is None and timer_at is not None:
+                    self._timer = self._loop.call_at(timer_at, self._handle_timer)
+                self._timer_at = timer_at
+            self._report_backlog()
+
+        def _report_backlog(self) -> None:
+            library = 0
+            for sid in list(self._fed):
+                n = self._backlog(sid)
+                if n:
+                    library += n
+                elif sid not in self._pending:
+                    self._fed.discard(sid)
+            if self.engine.set_transport_backlog(
+                self._pending_bytes + library, self.config.send_budget
+            ):
+                self.conn._flush()
+
+        def quic_event_received(self, event: Any) -> None:
+            engine = self.engine
+            now = self._loop.time()
+            kind = type(event)
+            if kind is ev.StreamDataReceived:
+                if event.stream_id % 4 < 2 and not self._terminated:
+                    # Aqueduct uses unidirectional streams only (profile 1.2).
+                    engine.close(now, CloseCode.PROTOCOL_VIOLATION, "bidirectional stream")
+                else:
+                    engine.stream_data(event.stream_id, event.data, event.end_stream, now)
+            elif kind is ev.DatagramFrameReceived:
+                engine.datagram_received(event.data, now)
+            elif kind is ev.StreamReset:
+                engine.stream_reset(event.stream_id, now)
+            elif kind is ev.HandshakeCompleted:
+                self._handshake_completed(now)
+            elif kind is ev.ConnectionTerminated:
+                reason = event.reason_phrase or ""
+                if event.frame_type is not None and not reason:
+                    reason = f"QUIC transport error {event.error_code}"
+                engine.connection_lost(now, event.error_code, reason)
+                self._terminated = True
+            elif kind is ev.StopSendingReceived:
+                self._apply(event.stream_id, ResetStream(event.stream_id))
+            else:
+                return
+            self._update_rtt()
+            self.conn._flush()
+
+        def _handshake_completed(self, now: float) -> None:
+            if self.pin is not None and is_aioquic:
+                cert = self._quic.tls._peer_certificate
+                from cryptography.hazmat.primitives.serialization import Encoding
+
+                got = hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+                if got != self.pin:
+                    self.pin_error = PinMismatch(
+                        f"the server's certificate has fingerprint {got}, not the pinned {self.pin}"
+                    )
+                    self.engine.close(now, CloseCode.PROTOCOL_VIOLATION, "certificate pin mismatch")
+                    return
+            self.engine.handshake_done(
+                now,
+                datagrams=self._quic._remote_max_datagram_frame_size is not None,
+                max_datagram=self.max_datagram_payload(),
+            )
+
+        def _update_rtt(self) -> None:
+            quic = self._quic
+            if is_aioquic:
+                rtt = quic._loss._rtt_smoothed
+            else:
+                rtt = quic._core.smoothed_rtt if quic._core is not None else None
+            if rtt:
+                self.engine.update_rtt(rtt)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            if not self._terminated:
+                self._terminated = True
+                self.engine.connection_lost(self._loop.time(), None, "the UDP socket closed")
+                self.conn._flush()
+
+    AqueductProtocol.__name__ = f"AqueductProtocol[{backend.name}]"
+    return AqueductProtocol
+
+
+def udp_socket(host: str, port: int, buffer: int, family: int = socket.AF_INET) -> socket.socket:
+    """A bound, non-blocking UDP socket with large kernel buffers."""
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, buffer)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

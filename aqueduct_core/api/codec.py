@@ -90,11 +90,14 @@ class RawCodec:
     name = "raw"
 
     def encode(self, value: Any, attach: Attach) -> bytes | bytearray | memoryview:
-        if not isinstance(value, bytes | bytearray | memoryview):
+        if isinstance(value, bytes | bytearray):
+            return value
+        try:
+            return memoryview(value).cast("B")  # any buffer: pyarrow Buffers, numpy arrays
+        except TypeError:
             raise LocalProtocolError(
                 f"a raw channel sends bytes-like values, got {type(value).__name__}"
-            )
-        return value
+            ) from None
 
     def decode(self, payload: bytes | bytearray | memoryview, detach: Detach) -> Any:
         return payload

@@ -969,7 +969,7 @@ class Connection:
                 ep.queue.clear()
                 ep.buffered = 0
             self._set_terminal(ep, Terminal.CONNECTION_LOST)
-            ep.detail = ep.detail or reason
+            ep.detail = ep.detail or f"{reason or 'closed'} (close code {code})"
             if ep.app_done or not ep.held:
                 del self.endpoints[ep.chanid]
         for sm in self.senders.values():

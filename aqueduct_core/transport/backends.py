@@ -16,6 +16,7 @@ so an upgrade fails loudly in CI; the versions are pinned in ``pyproject.toml``.
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,6 +62,7 @@ def load(name: str) -> Backend:
     connection: Any = importlib.import_module(f"{name}.quic.connection")
     if name == "qh3":
         _install_qh3_hooks()
+        logging.getLogger("quic").addFilter(_quiet_normal_close)
     backend = _loaded[name] = Backend(
         name,
         package.__version__,
@@ -119,6 +121,11 @@ def apply_aioquic(quic: Any, pacing: bool) -> None:
 
 
 _current = threading.local()
+
+
+def _quiet_normal_close(record: logging.LogRecord) -> bool:
+    """qh3 logs a WARNING for every ordinary close by the peer; it is not a problem."""
+    return not str(record.msg).startswith("Native peer close")
 
 
 def _install_qh3_hooks() -> None:

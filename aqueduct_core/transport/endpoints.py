@@ -208,12 +208,14 @@ async def serve(
     headers: HeadersHook | None = None,
     config: TransportConfig | None = None,
     codecs: dict[str, Codec] | None = None,
+    reuse_port: bool = False,
 ) -> Server:
     """Serve Aqueduct on ``host:port`` (loopback by default; port 0 picks a free one).
 
     ``handler(connection, entrypoint_receiver)`` runs once per client, after the handshake;
     the connection is closed when it returns (code 0) or raises (code 5, logged).
-    ``headers(client_headers)`` returns the server's connection headers. Without ``tls`` the
+    ``headers(client_headers)`` returns the server's connection headers. ``reuse_port`` lets
+    several worker processes serve one port (SO_REUSEPORT). Without ``tls`` the
     server makes a development CA and certificate in a temporary directory; clients pin
     ``server.fingerprint`` or trust ``server.ca_file``.
     """
@@ -245,7 +247,7 @@ async def serve(
         return conn
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = udp_socket(host, port, config.socket_buffer, family)
+    sock = udp_socket(host, port, config.socket_buffer, family, reuse_port)
 
     def create_protocol(quic: Any, stream_handler: Any = None) -> Any:
         return proto_cls(

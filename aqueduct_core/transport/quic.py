@@ -59,6 +59,8 @@ def _build(backend: Backend) -> type:
     ev = backend.events
     is_aioquic = backend.name == "aioquic"
     base: Any = backend.QuicConnectionProtocol
+    # What a library raises when asked to write on a stream or connection that is gone.
+    lib_errors = (ValueError, RuntimeError, backend.QuicConnectionError)
 
     class AqueductProtocol(base):  # type: ignore[misc]
         """One QUIC connection carrying one Aqueduct connection."""
@@ -127,13 +129,15 @@ def _build(backend: Backend) -> type:
                 self._transport.close()
 
         def _apply(self, sid: int, cmd: Command) -> None:
+            if self._terminated:
+                return  # the connection is closing: nothing more goes out
             if sid > self._opened:
                 self._opened = sid
             if type(cmd) is ResetStream:
                 dropped = self._pending.pop(sid, None)
                 if dropped:
                     self._pending_bytes -= sum(len(view) for view, _ in dropped)
-                with contextlib.suppress(ValueError, RuntimeError):
+                with contextlib.suppress(*lib_errors):
                     self._quic.reset_stream(sid, 0)  # raises if already sent and acked
                 return
             data, fin = cmd.data, cmd.fin  # type: ignore[union-attr]
@@ -150,7 +154,7 @@ def _build(backend: Backend) -> type:
         def _send(self, sid: int, data: Any, fin: bool) -> None:
             try:
                 self._quic.send_stream_data(sid, data, end_stream=fin)
-            except (ValueError, RuntimeError) as exc:
+            except lib_errors as exc:
                 # The stream was reset by us (a late write after cancel) or the peer
                 # stopped it: the engine no longer needs the data.
                 log.debug("write on stream %d dropped: %s", sid, exc)
@@ -186,6 +190,8 @@ def _build(backend: Backend) -> type:
             return int(quic.get_send_buffer_size(sid))
 
         def _may_open(self, sid: int) -> bool:
+            if self._terminated:
+                return True  # _apply drops it: let the queue drain
             quic = self._quic
             if is_aioquic:
                 limit = quic._remote_max_streams_uni
@@ -207,12 +213,15 @@ def _build(backend: Backend) -> type:
             return int(max(0, min(packet - DATAGRAM_HEADROOM, peer - 5)))
 
         def _datagram(self, data: bytes) -> None:
+            if self._terminated:
+                return
             if len(data) > self.max_datagram_payload():
                 # Never hand an oversized datagram to the library: it would block every
                 # later datagram (aioquic) or wedge the connection (qh3). It counts as lost.
                 log.warning("datagram of %d bytes exceeds the path limit; dropped", len(data))
                 return
-            self._quic.send_datagram_frame(bytes(data))
+            with contextlib.suppress(*lib_errors):
+                self._quic.send_datagram_frame(bytes(data))
 
         def _transmit_soon(self) -> None:
             if self._soon is None:
@@ -230,6 +239,10 @@ def _build(backend: Backend) -> type:
         # -- the library's side ---------------------------------------------------------
 
         def transmit(self) -> None:
+            if self._terminated:
+                self._pending.clear()
+                self._waiting.clear()
+                self._pending_bytes = 0
             while self._waiting and self._may_open(self._waiting[0][0]):
                 sid, cmd = self._waiting.popleft()
                 self._apply(sid, cmd)
@@ -330,10 +343,15 @@ def _build(backend: Backend) -> type:
     return AqueductProtocol
 
 
-def udp_socket(host: str, port: int, buffer: int, family: int = socket.AF_INET) -> socket.socket:
-    """A bound, non-blocking UDP socket with large kernel buffers."""
+def udp_socket(
+    host: str, port: int, buffer: int, family: int = socket.AF_INET, reuse_port: bool = False
+) -> socket.socket:
+    """A bound, non-blocking UDP socket with large kernel buffers. With ``reuse_port``
+    several processes can bind the same port; the kernel keeps each client on one of them."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             sock.setsockopt(socket.SOL_SOCKET, opt, buffer)
         if family == socket.AF_INET6:

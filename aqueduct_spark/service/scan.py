@@ -1,0 +1,445 @@
+"""Planning and reading scans: Delta add actions in, :class:`Split` lists and record batches out.
+
+A plan pins one table version. Every file of that version is a split, or several when it is
+larger than ``split_bytes`` (consecutive row groups, by compressed size). Files are skipped when
+the filter cannot match any of their rows, judged from the partition values and statistics in
+the Delta log, never from the data.
+
+Skipping uses pyarrow's own expression simplification: each file becomes a fragment whose
+``partition_expression`` is a *guarantee* that holds for every row of the file, and
+``Dataset.get_fragments(filter=...)`` drops the fragments whose guarantee contradicts the filter.
+A guarantee must be true for every row, and a row where a column is null does not satisfy
+``lo <= x <= hi``. The natural ``(lo <= x <= hi) | is_null(x)`` is correct but pyarrow cannot
+simplify through the ``|``, so a file with nulls would never be skipped. Instead a file is split
+into up to 64 "row classes": for each column the filter references, "in range" or "null". The
+file is kept if any class survives. Columns whose statistics cannot bound the rows exactly are
+left out: floats (NaN is in no min/max but satisfies ``!=``), decimals (JSON numbers round),
+booleans, binary and nested columns. Timestamp maxima in Delta statistics are truncated to
+milliseconds, so one millisecond is added.
+
+Reading a split goes through ``pyarrow.dataset``: a Parquet fragment with the split's partition
+values as its partition expression (which fills the partition columns), restricted to the
+split's row groups, scanned with the projection and filter. The filter is applied exactly, and
+the scan streams batch by batch with bounded read-ahead.
+
+The last section reads the Delta log directly: commit times for history and time travel, what
+a version added, and every file any version mentions (so cleanup never deletes a file that a
+version needs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import itertools
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from . import store
+
+MAX_ROW_CLASSES = 64
+_FOOTER_THREADS = 8
+
+
+def project(schema: pa.Schema, columns: Sequence[str] | None) -> tuple[list[str], pa.Schema]:
+    """The column list to read and the schema the batches have."""
+    if columns is None:
+        return list(schema.names), schema
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise store.InvalidRequest("columns must be a list of column names")
+    cols = list(columns)
+    unknown = [c for c in cols if c not in schema.names]
+    if unknown:
+        raise store.InvalidRequest(f"unknown columns {unknown}; the dataset has {schema.names}")
+    if len(set(cols)) != len(cols):
+        raise store.InvalidRequest(f"columns {cols} contain duplicates")
+    return cols, pa.schema([schema.field(c) for c in cols])
+
+
+def check_filter(schema: pa.Schema, filter: pc.Expression | None) -> pc.Expression | None:
+    """Bind the filter to the schema once, so a bad one fails before any data moves."""
+    if filter is None:
+        return None
+    if not isinstance(filter, pc.Expression):
+        raise store.InvalidRequest(
+            f"filter must be a pyarrow.compute.Expression, got {type(filter).__name__}"
+        )
+    try:
+        schema.empty_table().filter(filter)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
+        raise store.InvalidRequest(f"invalid filter {filter}: {exc}") from exc
+    return filter
+
+
+def partition_expression(
+    schema: pa.Schema, partition_by: Sequence[str], values: Mapping[str, Any]
+) -> pc.Expression:
+    """``col == value`` (or ``is_null``) for every partition column."""
+    if set(values) != set(partition_by):
+        raise store.InvalidRequest(
+            f"split partition values {sorted(values)} do not match the partition columns "
+            f"{list(partition_by)}"
+        )
+    expr: pc.Expression = ds.scalar(True)
+    for c in partition_by:
+        v = values[c]
+        try:
+            term = (
+                ds.field(c).is_null()
+                if v is None
+                else ds.field(c) == pa.scalar(v, schema.field(c).type)
+            )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise store.InvalidRequest(
+                f"invalid partition value {v!r} for column {c!r}: {exc}"
+            ) from exc
+        expr = expr & term
+    return expr
+
+
+def _boundable(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_string(t)
+    )
+
+
+def _referenced(schema: pa.Schema, filter: pc.Expression, candidates: Sequence[str]) -> list[str]:
+    """Candidate columns the filter reads (it fails to bind without them)."""
+    out = []
+    for c in candidates:
+        try:
+            pa.schema([f for f in schema if f.name != c]).empty_table().filter(filter)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+            out.append(c)
+    return out
+
+
+def _range(field: pa.Field, lo: Any, hi: Any) -> pc.Expression:
+    x = ds.field(field.name)
+    expr: pc.Expression = x.is_valid()
+    if lo is not None:
+        expr = expr & (x >= pa.scalar(lo, field.type))
+    if hi is not None:
+        if pa.types.is_timestamp(field.type) and isinstance(hi, dt.datetime):
+            hi = hi + dt.timedelta(milliseconds=1)  # stats keep ms; the true max may be later
+        expr = expr & (x <= pa.scalar(hi, field.type))
+    return expr
+
+
+def prune(
+    schema: pa.Schema,
+    partition_by: Sequence[str],
+    files: list[dict[str, Any]],
+    filter: pc.Expression | None,
+) -> list[int]:
+    """Indexes of the files (flattened add actions) that may hold rows matching ``filter``."""
+    live = [i for i, f in enumerate(files) if f.get("num_records") != 0]
+    if filter is None or not live:
+        return live
+    stat_cols = [f.name for f in schema if f.name not in partition_by and _boundable(f.type)]
+    cols = _referenced(schema, filter, stat_cols)
+    fmt = ds.ParquetFileFormat()
+    local = pafs.LocalFileSystem()
+    fragments = []
+    for i in live:
+        f = files[i]
+        base = partition_expression(
+            schema, partition_by, {c: f.get(f"partition.{c}") for c in partition_by}
+        )
+        classes: list[list[pc.Expression]] = [[]]
+        n = f.get("num_records")
+        for c in cols:
+            field = schema.field(c)
+            nulls = f.get(f"null_count.{c}")
+            rng = _range(field, f.get(f"min.{c}"), f.get(f"max.{c}"))
+            if n is not None and nulls is not None and nulls == n:
+                states = [ds.field(c).is_null()]
+            elif nulls == 0:
+                states = [rng]
+            else:
+                states = [rng, ds.field(c).is_null()]
+            if len(classes) * len(states) > MAX_ROW_CLASSES:
+                continue  # no guarantee for this column: the file is judged on the others
+            classes = [[*cl, s] for cl, s in itertools.product(classes, states)]
+        for j, cl in enumerate(classes):
+            guarantee = base
+            for term in cl:
+                guarantee = guarantee & term
+            fragments.append(
+                fmt.make_fragment(f"{i}/{j}", filesystem=local, partition_expression=guarantee)
+            )
+    dataset = ds.FileSystemDataset(fragments, schema, fmt, local)
+    kept = {int(frag.path.split("/")[0]) for frag in dataset.get_fragments(filter=filter)}
+    return [i for i in live if i in kept]
+
+
+def _row_group_splits(
+    md: pq.FileMetaData, split_bytes: int
+) -> list[tuple[tuple[int, ...], int, int]]:
+    """Consecutive row groups of about ``split_bytes`` compressed: (ids, rows, bytes)."""
+    out: list[tuple[tuple[int, ...], int, int]] = []
+    ids: list[int] = []
+    rows = size = 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        b = sum(rg.column(j).total_compressed_size for j in range(rg.num_columns))
+        if ids and size + b > split_bytes:
+            out.append((tuple(ids), rows, size))
+            ids, rows, size = [], 0, 0
+        ids.append(i)
+        rows += rg.num_rows
+        size += b
+    if ids:
+        out.append((tuple(ids), rows, size))
+    return out
+
+
+def _footer(fs: pafs.FileSystem, dataset: str, version: int, path: str) -> pq.FileMetaData:
+    try:
+        with fs.open_input_file(path) as f:
+            return pq.read_metadata(f)
+    except FileNotFoundError as exc:
+        raise store.DataLoss(
+            f"data file {path!r} of dataset {dataset!r} version {version} is missing (vacuumed "
+            "or deleted outside the service); read a later version"
+        ) from exc
+
+
+def plan_splits(
+    *,
+    dataset: str,
+    version: int,
+    fs: pafs.FileSystem,
+    schema: pa.Schema,
+    partition_by: Sequence[str],
+    files: list[dict[str, Any]],
+    filter: pc.Expression | None,
+    split_bytes: int,
+) -> list[store.Split]:
+    keep = prune(schema, partition_by, files, filter)
+    # the log path is URL-encoded once more than the file name on storage
+    paths = {i: unquote(files[i]["path"]) for i in keep}
+    need_footer = [
+        i
+        for i in keep
+        if files[i]["size_bytes"] > split_bytes or files[i].get("num_records") is None
+    ]
+    footers: dict[int, pq.FileMetaData] = {}
+    if need_footer:
+        with ThreadPoolExecutor(min(_FOOTER_THREADS, len(need_footer))) as pool:
+            mds = pool.map(lambda i: _footer(fs, dataset, version, paths[i]), need_footer)
+            footers = dict(zip(need_footer, mds, strict=True))
+    splits = []
+    for i in keep:
+        f = files[i]
+        partition = {c: f.get(f"partition.{c}") for c in partition_by}
+        md = footers.get(i)
+        groups = _row_group_splits(md, split_bytes) if md is not None else []
+        if len(groups) <= 1:
+            rows = f.get("num_records")
+            splits.append(
+                store.Split(
+                    dataset=dataset,
+                    version=version,
+                    path=paths[i],
+                    row_groups=None,
+                    partition=partition,
+                    rows=int(rows if rows is not None else (md.num_rows if md else 0)),
+                    bytes=int(f["size_bytes"]),
+                )
+            )
+            continue
+        splits.extend(
+            store.Split(
+                dataset=dataset,
+                version=version,
+                path=paths[i],
+                row_groups=ids,
+                partition=partition,
+                rows=rows,
+                bytes=size,
+            )
+            for ids, rows, size in groups
+        )
+    return splits
+
+
+def read_split(
+    *,
+    fs: pafs.FileSystem,
+    schema: pa.Schema,
+    partition_by: Sequence[str],
+    split: store.Split,
+    columns: list[str],
+    out_schema: pa.Schema,
+    filter: pc.Expression | None,
+    batch_rows: int,
+) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of one split. Call after checking the file exists (``Store.scan``)."""
+    fmt = ds.ParquetFileFormat()
+    frag = fmt.make_fragment(
+        split.path,
+        filesystem=fs,
+        partition_expression=partition_expression(schema, partition_by, split.partition),
+    )
+    try:
+        if split.row_groups is not None:
+            frag = frag.subset(row_group_ids=list(split.row_groups))
+        scanner = ds.Scanner.from_fragment(
+            frag,
+            schema=schema,
+            columns=columns,
+            filter=filter,
+            batch_size=batch_rows,
+            batch_readahead=2,
+            fragment_readahead=1,
+            use_threads=True,
+        )
+        for batch in scanner.to_batches():
+            if batch.num_rows == 0:
+                continue
+            if not batch.schema.equals(out_schema, check_metadata=False):
+                batch = batch.cast(out_schema)
+            yield batch
+    except FileNotFoundError as exc:
+        raise store.DataLoss(
+            f"data file {split.path!r} of dataset {split.dataset!r} version {split.version} "
+            "disappeared while it was read (vacuumed or deleted); re-plan the scan"
+        ) from exc
+    except (pa.ArrowInvalid, IndexError) as exc:
+        if split.row_groups is not None and re.search("row[ _]group", str(exc), re.I):
+            raise store.InvalidRequest(
+                f"split of {split.path!r} names row groups {list(split.row_groups)} the file does "
+                "not have; re-plan the scan"
+            ) from exc
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# The Delta log, read directly, for what deltalake does not offer or gets wrong.
+#
+# Commit times are the commit files' modification times, made strictly increasing (each at least
+# 1 ms after the one before), as Delta's own time travel defines them. deltalake's history()
+# reports commitInfo timestamps instead, taken before a commit's retries, so they are not in
+# version order when writers race, and it *labels versions by that order*: wrong versions. So
+# history and time travel are built from the listing of _delta_log and the commit files here.
+# Paths in the log are URL-encoded; on storage they are not.
+
+_LOG_JSON_RE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_RE = re.compile(r"^\d{20}\.checkpoint(\.\d+\.\d+)?\.parquet$")
+_LOG_THREADS = 8
+
+
+def _log_listing(fs: pafs.FileSystem) -> list[pafs.FileInfo]:
+    try:
+        selector = pafs.FileSelector("_delta_log", allow_not_found=True)
+        return fs.get_file_info(selector)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return []
+
+
+def commit_times(fs: pafs.FileSystem) -> dict[int, dt.datetime]:
+    """Every version whose commit file is in the log, with its (monotonic) commit time."""
+    found = []
+    for info in _log_listing(fs):
+        m = _LOG_JSON_RE.match(info.base_name)
+        if m and info.mtime is not None:
+            found.append((int(m.group(1)), info.mtime.astimezone(dt.UTC)))
+    out: dict[int, dt.datetime] = {}
+    last = None
+    for version, mtime in sorted(found):
+        if last is not None and mtime <= last:
+            mtime = last + dt.timedelta(milliseconds=1)
+        out[version] = last = mtime
+    return out
+
+
+def version_at(fs: pafs.FileSystem, dataset: str, ts: dt.datetime) -> int:
+    """The last version committed at or before ``ts``."""
+    times = commit_times(fs)
+    before = [v for v, t in times.items() if t <= ts]
+    if not before:
+        first = min(times.values()).isoformat() if times else "unknown"
+        raise store.VersionNotFound(
+            f"dataset {dataset!r} has no version at {ts.isoformat()}: its oldest available "
+            f"version was committed at {first}"
+        )
+    return max(before)
+
+
+def read_log(fs: pafs.FileSystem, version: int) -> list[dict[str, Any]]:
+    """The actions of one commit (none when its file is gone)."""
+    try:
+        with fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
+            text = f.read().decode()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def read_logs(fs: pafs.FileSystem, versions: Sequence[int]) -> list[list[dict[str, Any]]]:
+    if len(versions) <= 1:
+        return [read_log(fs, v) for v in versions]
+    with ThreadPoolExecutor(_LOG_THREADS) as pool:
+        return list(pool.map(lambda v: read_log(fs, v), versions))
+
+
+def commit_info(actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    for action in actions:
+        info = action.get("commitInfo")
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def added_by(actions: Sequence[dict[str, Any]]) -> tuple[int, int, int, bool]:
+    """Rows, bytes and files a commit added, and whether it changed data, from its actions."""
+    rows = nbytes = files = 0
+    change = False
+    for action in actions:
+        for kind in ("add", "remove"):
+            act = action.get(kind)
+            if not isinstance(act, dict):
+                continue
+            change = change or bool(act.get("dataChange"))
+            if kind == "add" and act.get("dataChange"):
+                files += 1
+                nbytes += int(act.get("size") or 0)
+                with contextlib.suppress(ValueError, TypeError, AttributeError):  # no stats
+                    rows += int(json.loads(act.get("stats") or "{}").get("numRecords") or 0)
+    return rows, nbytes, files, change
+
+
+def referenced_paths(fs: pafs.FileSystem) -> set[str]:
+    """Every data file (storage path) that any version still in the log adds or removes."""
+    versions = sorted(commit_times(fs))
+    out: set[str] = set()
+    for actions in read_logs(fs, versions):
+        for action in actions:
+            for kind in ("add", "remove"):
+                act = action.get(kind)
+                if isinstance(act, dict) and isinstance(act.get("path"), str):
+                    out.add(unquote(act["path"]))
+    if not versions or versions[0] > 0:
+        # older commits were cleaned up: what they added survives only in checkpoints
+        for info in _log_listing(fs):
+            if _CHECKPOINT_RE.match(info.base_name):
+                with fs.open_input_file(info.path) as f:
+                    cp = pq.read_table(f, columns=["add", "remove"])
+                for kind in ("add", "remove"):
+                    paths = pc.struct_field(cp[kind], "path").to_pylist()
+                    out.update(unquote(p) for p in paths if p is not None)
+    return out

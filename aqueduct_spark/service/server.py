@@ -1,0 +1,508 @@
+"""The dataset service: answers dataset-protocol requests over Aqueduct, stores in Delta Lake.
+
+Each connection's requests run concurrently, each in its own task; blocking Delta Lake and
+Parquet work runs in worker threads. Scans send batches as the transport accepts them (a
+small sender queue plus per-channel flow control), so a slow reader holds at most a few
+batches in this process, never whole files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cbor2
+import pyarrow as pa
+
+from aqueduct_core.api import Connection, OneshotSender, Receiver, Sender
+from aqueduct_core.api.channel import Handle, _SendEnd
+from aqueduct_core.errors import (
+    AqueductError,
+    ChannelError,
+    ConnectionLost,
+    DecodeError,
+    EndOfChannel,
+)
+from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
+from aqueduct_spark import protocol as P
+from aqueduct_spark.service import store as S
+
+log = logging.getLogger("aqueduct.service")
+
+SCAN_QUEUE = 2
+"""Batches a scan may queue ahead of the reader (on top of the flow-control window)."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    root: str
+    """Directory (or object-store URI) holding one Delta table per dataset."""
+    token: str | None = None
+    """Connections must present this bearer token; None: no authentication."""
+    storage_options: dict[str, str] | None = None
+    batch_rows: int = 65536
+    """Rows per Arrow batch in scans (about 100k rows suits Spark best)."""
+    split_bytes: int = 128 * 1024 * 1024
+    """Target size of one scan split (one Spark task)."""
+    max_batch_bytes: int = P.MAX_BATCH_BYTES
+    poll_interval: float = 0.5
+    """How often datasets with subscribers are checked for commits made elsewhere."""
+
+
+def _translate(exc: BaseException) -> P.DatasetError:
+    """Store errors become protocol errors of the same code; anything else is internal."""
+    if isinstance(exc, P.DatasetError):
+        return exc
+    if isinstance(exc, S.StoreError):
+        cls = P.ERRORS.get(exc.code, P.InternalError)
+        return cls(str(exc))
+    if isinstance(exc, DecodeError):
+        return P.InvalidRequest(str(exc))
+    if isinstance(exc, ChannelError):  # the client cancelled, went away, or was cut off
+        return P.Unavailable(f"the request's channel ended: {exc}")
+    log.exception("request failed", exc_info=exc)
+    return P.InternalError(f"the service failed: {type(exc).__name__}: {exc}")
+
+
+def _field(req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    value = req.get(key, default)
+    if value is ...:
+        raise P.InvalidRequest(f"request {req.get('op')!r} needs field {key!r}")
+    if value is not None and not isinstance(value, kind):
+        raise P.InvalidRequest(f"field {key!r} of {req.get('op')!r} has the wrong type")
+    return value
+
+
+def _timestamp(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, int | float):
+        return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise P.InvalidRequest(f"timestamp {value!r} is not ISO 8601") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    raise P.InvalidRequest(f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}")
+
+
+def info_to_wire(info: S.DatasetInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "version": info.version,
+        "schema": P.schema_to_bytes(info.schema),
+        "partition_by": list(info.partition_by),
+        "rows": info.rows,
+        "bytes": info.bytes,
+        "files": info.files,
+        "created": info.created,
+        "updated": info.updated,
+    }
+
+
+def _end_handles(value: Any) -> None:
+    """End every channel handle inside a request that the handler did not end itself."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, Handle) and item.is_networked:
+            if isinstance(item, _SendEnd):
+                item.cancel()
+            elif isinstance(item, Receiver):
+                item.close()
+
+
+class DatasetService:
+    """Serves the dataset protocol from a :class:`Store`."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.store = S.Store(config.root, config.storage_options)
+        self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "list": self._list,
+            "describe": self._describe,
+            "create": self._create,
+            "drop": self._drop,
+            "plan": self._plan,
+            "begin": self._begin,
+            "commit": self._commit,
+            "abort": self._abort,
+            "offsets": self._offsets,
+            "changes": self._changes,
+        }
+        self._subscribers: dict[str, set[_Subscriber]] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- connection handling ----------------------------------------------------------
+
+    def server_headers(self, client: Any) -> list[tuple[bytes, bytes]]:
+        return [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
+
+    async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
+        token = self.config.token
+        authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
+        async with asyncio.TaskGroup() as tasks:
+            try:
+                async for request in entry:
+                    tasks.create_task(self._request(request, authed))
+            except ConnectionLost:
+                pass  # the client went away (or was cut off): its requests end with it
+
+    async def _request(self, req: Any, authed: bool) -> None:
+        try:
+            if not isinstance(req, dict) or not isinstance(req.get("op"), str):
+                raise P.InvalidRequest("a request is a map with a string 'op'")
+            if not authed:
+                raise P.Unauthenticated(
+                    "this service requires a token: set the 'token' option (or AQUEDUCT_TOKEN) "
+                    "to the one the service was started with"
+                )
+            op = req["op"]
+            if op == "scan":
+                await self._scan(req)
+            elif op == "write":
+                await self._write(req)
+            elif op == "subscribe":
+                await self._subscribe(req)
+            elif op in self._ops:
+                result = await asyncio.to_thread(self._ops[op], req)
+                self._reply(req, P.ok(result))
+                if op == "commit" and result.get("committed"):
+                    self._notify(req["dataset"], result["version"])
+            else:
+                raise P.InvalidRequest(f"unknown operation {op!r}")
+        except Exception as exc:  # every failure becomes an answer, never a dead connection
+            await self._fail(req, _translate(exc))
+        finally:
+            _end_handles(req)
+
+    def _reply(self, req: Any, reply: dict[str, Any]) -> None:
+        target = req.get("reply") if isinstance(req, dict) else None
+        if isinstance(target, OneshotSender) and target.is_networked:
+            with contextlib.suppress(AqueductError):
+                target.send(reply)
+
+    async def _fail(self, req: Any, error: P.DatasetError) -> None:
+        if isinstance(req, dict) and isinstance(req.get("out"), Sender):
+            out: Sender = req["out"]
+            # The error travels as the channel's last message, then the channel is cancelled.
+            with contextlib.suppress(AqueductError, TimeoutError):
+                await asyncio.wait_for(out.send(b"", headers=[P.error_header(error)]), 10)
+        self._reply(req, P.fail(error))
+
+    # -- simple operations (run in a worker thread) -----------------------------------
+
+    def _list(self, req: dict[str, Any]) -> Any:
+        return {"datasets": [info_to_wire(i) for i in self.store.list()]}
+
+    def _describe(self, req: dict[str, Any]) -> Any:
+        info = self.store.describe(
+            _field(req, "dataset", str),
+            version=_field(req, "version", int, None),
+            timestamp=_timestamp(req.get("timestamp")),
+        )
+        return info_to_wire(info)
+
+    def _create(self, req: dict[str, Any]) -> Any:
+        schema = P.schema_from_bytes(_field(req, "schema", bytes))
+        info = self.store.create(
+            _field(req, "dataset", str),
+            schema,
+            partition_by=_field(req, "partition_by", list, []),
+            exist_ok=bool(req.get("exist_ok", False)),
+        )
+        return info_to_wire(info)
+
+    def _drop(self, req: dict[str, Any]) -> Any:
+        name = _field(req, "dataset", str)
+        if not self.store.exists(name):
+            if req.get("if_exists"):
+                return {"dropped": False}
+            raise P.DatasetNotFound(f"dataset {name!r} does not exist")
+        self.store.drop(name)
+        return {"dropped": True}
+
+    def _plan(self, req: dict[str, Any]) -> Any:
+        plan = self.store.plan(
+            _field(req, "dataset", str),
+            version=_field(req, "version", int, None),
+            timestamp=_timestamp(req.get("timestamp")),
+            columns=_field(req, "columns", list, None),
+            filter=P.filters_to_expression(req.get("filters")),
+            split_bytes=_field(req, "split_bytes", int, None) or self.config.split_bytes,
+        )
+        return {
+            "dataset": plan.dataset,
+            "version": plan.version,
+            "schema": P.schema_to_bytes(plan.schema),
+            "splits": [s.to_dict() for s in plan.splits],
+            "rows": plan.rows,
+            "bytes": plan.bytes,
+        }
+
+    def _begin(self, req: dict[str, Any]) -> Any:
+        name = _field(req, "dataset", str)
+        mode = _field(req, "mode", str)
+        if mode not in ("append", "overwrite", "create"):
+            raise P.InvalidRequest(f"mode must be append, overwrite or create, not {mode!r}")
+        schema = P.schema_from_bytes(_field(req, "schema", bytes))
+        target = self.store.check_schema(
+            name, schema, mode, overwrite_schema=bool(req.get("overwrite_schema", False))
+        )
+        version = self.store.latest_version(name) if self.store.exists(name) else None
+        return {
+            "txn": uuid.uuid4().hex,
+            "schema": P.schema_to_bytes(target),
+            "version": version,
+            "partition_by": list(self._partition_by(name, req)),
+        }
+
+    def _partition_by(self, name: str, req: dict[str, Any]) -> tuple[str, ...]:
+        if self.store.exists(name):
+            return self.store.describe(name).partition_by
+        return tuple(_field(req, "partition_by", list, []))
+
+    def _commit(self, req: dict[str, Any]) -> Any:
+        staged = [S.StagedFile.from_dict(d) for d in _field(req, "staged", list)]
+        result = self.store.commit(
+            _field(req, "dataset", str),
+            _field(req, "mode", str),
+            P.schema_from_bytes(_field(req, "schema", bytes)),
+            _field(req, "partition_by", list, []),
+            staged,
+            app_id=_field(req, "app_id", str, None),
+            app_version=_field(req, "app_version", int, None),
+            overwrite_schema=bool(req.get("overwrite_schema", False)),
+        )
+        return {
+            "version": result.version,
+            "rows": result.rows,
+            "bytes": result.bytes,
+            "files": result.files,
+            "committed": result.committed,
+        }
+
+    def _abort(self, req: dict[str, Any]) -> Any:
+        staged = [S.StagedFile.from_dict(d) for d in _field(req, "staged", list, [])]
+        name = _field(req, "dataset", str)
+        removed = (
+            self.store.abort_txn(name, _field(req, "txn", str), staged)
+            if self.store.exists(name)
+            else 0
+        )
+        return {"removed": removed}
+
+    def _offsets(self, req: dict[str, Any]) -> Any:
+        name = _field(req, "dataset", str)
+        since = _field(req, "since_version", int, None)
+        versions = self.store.history(name, since_version=since)
+        return {
+            "latest": self.store.latest_version(name),
+            "versions": [
+                {
+                    "version": v.version,
+                    "timestamp": v.timestamp,
+                    "operation": v.operation,
+                    "rows": v.rows_added,
+                    "bytes": v.bytes_added,
+                    "data_change": v.data_change,
+                }
+                for v in versions
+            ],
+        }
+
+    def _changes(self, req: dict[str, Any]) -> Any:
+        name = _field(req, "dataset", str)
+        version = _field(req, "version", int)
+        return {
+            "version": version,
+            "files": [f.to_dict() for f in self.store.version_files(name, version)],
+        }
+
+    # -- push notifications -----------------------------------------------------------
+
+    def _notify(self, dataset: str, version: int) -> None:
+        for sub in self._subscribers.get(dataset, ()):
+            sub.offer(version)
+
+    async def _subscribe(self, req: dict[str, Any]) -> None:
+        """Push the newest version of a dataset whenever the subscriber has room for it:
+        demand-driven, coalescing (a slow subscriber gets the latest, never a backlog)."""
+        out = _field(req, "out", Sender)
+        name = _field(req, "dataset", str)
+        latest = await asyncio.to_thread(self.store.latest_version, name)
+        out.ordered(maxsize=1)
+        sub = _Subscriber(latest)
+        self._subscribers.setdefault(name, set()).add(sub)
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        try:
+            sent = -1
+            while True:
+                version = await sub.next_after(sent)
+                await out.send({"version": version})
+                sent = version
+        except AqueductError:
+            pass  # the subscriber went away
+        finally:
+            subs = self._subscribers.get(name)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subscribers[name]
+
+    async def _poll(self) -> None:
+        """Commits by other service processes (or any Delta writer) are found by polling."""
+        try:
+            while self._subscribers:
+                await asyncio.sleep(self.config.poll_interval)
+                for name in list(self._subscribers):
+                    try:
+                        latest = await asyncio.to_thread(self.store.latest_version, name)
+                    except S.StoreError:
+                        continue
+                    self._notify(name, latest)
+        finally:
+            self._poller = None
+
+    # -- streaming operations ---------------------------------------------------------
+
+    async def _scan(self, req: dict[str, Any]) -> None:
+        out = _field(req, "out", Sender)
+        split = S.Split.from_dict(_field(req, "split", dict))
+        columns = _field(req, "columns", list, None)
+        expression = P.filters_to_expression(req.get("filters"))
+        options = P.ipc_options(
+            (P.find_header(out.headers, P.H_COMPRESSION) or b"none").decode("ascii", "replace")
+        )
+        wanted = P.find_header(out.headers, P.H_SCHEMA)
+        target = P.schema_from_bytes(wanted) if wanted else None
+        batch_rows = _field(req, "batch_rows", int, None) or self.config.batch_rows
+        out.ordered(maxsize=SCAN_QUEUE)
+
+        def produce() -> Iterator[tuple[Any, int]]:
+            for batch in self.store.scan(
+                split, columns=columns, filter=expression, batch_rows=batch_rows
+            ):
+                if target is not None and batch.schema != target:
+                    batch = _cast(batch, target)
+                yield P.batch_to_payload(batch, options), batch.num_rows
+
+        batches = produce()
+        seq = 0
+        while True:
+            item = await asyncio.to_thread(next, batches, None)
+            if item is None:
+                break
+            payload, rows = item
+            await out.send(payload, headers=[P.batch_header(rows, seq)])
+            seq += 1
+        out.finish()
+
+    async def _write(self, req: dict[str, Any]) -> None:
+        data = _field(req, "data", Receiver)
+        name = _field(req, "dataset", str)
+        txn = _field(req, "txn", str)
+        task = _field(req, "task", str)
+        schema_bytes = P.find_header(data.headers, P.H_SCHEMA)
+        if schema_bytes is None:
+            raise P.InvalidRequest("a write channel needs the Arrow schema in its headers")
+        schema = P.schema_from_bytes(schema_bytes)
+        partition_by = _field(req, "partition_by", list, [])
+        writer = await asyncio.to_thread(
+            self.store.open_stage, name, txn, task, schema, partition_by
+        )
+        rows = 0
+        try:
+            while True:
+                try:
+                    delivery = await data.recv_message()
+                except EndOfChannel:
+                    break
+                error = P.find_header(delivery.headers, P.H_ERROR)
+                if error is not None:
+                    raise P.error_from_wire(cbor2.loads(error))
+                if len(delivery.value) > self.config.max_batch_bytes:
+                    raise P.InvalidRequest(
+                        f"a batch of {len(delivery.value)} bytes exceeds the service's limit of "
+                        f"{self.config.max_batch_bytes}; split it into smaller batches"
+                    )
+                batch = P.batch_from_payload(delivery.value, schema)
+                rows += batch.num_rows
+                await asyncio.to_thread(writer.write, batch)
+            staged = await asyncio.to_thread(writer.close)
+        except BaseException:
+            await asyncio.to_thread(writer.abort)
+            raise
+        self._reply(
+            req,
+            P.ok(
+                {
+                    "staged": [f.to_dict() for f in staged],
+                    "rows": rows,
+                    "bytes": sum(f.size for f in staged),
+                }
+            ),
+        )
+
+
+class _Subscriber:
+    """The newest version known for one subscription, and a way to wait for a newer one."""
+
+    def __init__(self, latest: int) -> None:
+        self.latest = latest
+        self._changed = asyncio.Event()
+
+    def offer(self, version: int) -> None:
+        if version > self.latest:
+            self.latest = version
+            self._changed.set()
+
+    async def next_after(self, sent: int) -> int:
+        while self.latest <= sent:
+            self._changed.clear()
+            await self._changed.wait()
+        return self.latest
+
+
+def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    try:
+        return batch.select(target.names).cast(target)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise P.SchemaMismatch(f"cannot deliver the data as the requested schema: {exc}") from exc
+
+
+async def start(
+    config: ServiceConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls: ServerTLS | None = None,
+    transport: TransportConfig | None = None,
+    reuse_port: bool = False,
+) -> tuple[DatasetService, Server]:
+    """Start a dataset service; returns it and the Aqueduct server it runs on."""
+    service = DatasetService(config)
+    server = await serve(
+        service.handle,
+        host,
+        port,
+        tls=tls,
+        headers=service.server_headers,
+        config=transport,
+        reuse_port=reuse_port,
+    )
+    return service, server

@@ -1,0 +1,747 @@
+"""Staged files: the Parquet files a write task leaves in a table directory before the commit.
+
+A write is two-phase. Each task streams its batches into a :class:`StageWriter`, which writes
+Parquet files straight into the table directory and returns a :class:`StagedFile` per file.
+Nothing is visible yet: a Delta table is only what its log says. The driver then commits all
+staged files of the write in one Delta commit (``Store.commit``), or aborts and the files are
+deleted (``Store.abort_txn``). Files of a write that never finished are found again by name:
+
+    part-<txn>-<task>-<32 hex digits>.parquet
+
+``txn`` is 1-64 letters, digits or ``_`` (no ``-``, so the name parses back unambiguously; a
+``uuid4().hex`` fits), ``task`` is 1-64 letters, digits, ``_`` or ``-``. Partitioned tables get
+hive-style directories (``region=us%20west/``, nulls as ``__HIVE_DEFAULT_PARTITION__``), never a
+path starting with ``_`` or ``.``, which Delta's vacuum skips.
+
+Everything written is in Delta's types (:func:`delta_schema`): unsigned integers widen, large and
+view types shrink to their plain forms, timestamps become microseconds (UTC when they carry a
+zone). Column statistics (numRecords, minValues, maxValues, nullCount) come from the Parquet
+footer, so the commit never reads the data again and readers can skip files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import Schema as DeltaSchema
+from deltalake.transaction import AddAction
+
+from . import store
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+TXN_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+TASK_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+STAGED_NAME_RE = re.compile(
+    r"^part-(?P<txn>[A-Za-z0-9_]{1,64})-(?P<task>[A-Za-z0-9_-]{1,64})-[0-9a-f]{32}\.parquet$"
+)
+ROW_GROUP_MAX_ROWS = 1 << 20
+_VERIFY_THREADS = 8
+# Longer strings get no max statistic (a truncated max is not an upper bound).
+_MAX_STAT_CHARS = 64
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+def check_txn(txn: str) -> str:
+    if not isinstance(txn, str) or not TXN_RE.match(txn):
+        raise store.InvalidRequest(
+            f"invalid transaction id {txn!r}: use 1-64 letters, digits or '_' (uuid4().hex works)"
+        )
+    return txn
+
+
+def check_task(task: str) -> str:
+    if not isinstance(task, str) or not TASK_RE.match(task):
+        raise store.InvalidRequest(
+            f"invalid task id {task!r}: use 1-64 letters, digits, '_' or '-'"
+        )
+    return task
+
+
+def staged_file_name(txn: str, task: str) -> str:
+    return f"part-{txn}-{task}-{secrets.token_hex(16)}.parquet"
+
+
+def staged_txn(path: str) -> str | None:
+    """The transaction id in a staged file's path, or None if it is not one of our names."""
+    m = STAGED_NAME_RE.match(path.rsplit("/", 1)[-1])
+    return m.group("txn") if m else None
+
+
+def check_relative_path(path: str) -> str:
+    """A path inside a table directory that cannot escape it or reach the Delta log."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if (
+        not parts
+        or "\\" in path
+        or "\x00" in path
+        or any(p in ("", ".", "..") or p[0] in "_." for p in parts)
+        or not parts[-1].endswith(".parquet")
+    ):
+        raise store.InvalidRequest(
+            f"invalid data file path {path!r}: expected a relative path to a .parquet file "
+            "inside the table, without '..' or components starting with '_' or '.'"
+        )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Delta types
+
+
+def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
+    """Map an Arrow type to the Arrow type Delta stores it as; raise for types it cannot."""
+    if pa.types.is_dictionary(t):
+        return _delta_type(t.value_type, where)
+    if pa.types.is_run_end_encoded(t):
+        return _delta_type(t.value_type, where)
+    if pa.types.is_boolean(t) or t in (pa.int8(), pa.int16(), pa.int32(), pa.int64()):
+        return t
+    if pa.types.is_unsigned_integer(t):
+        # widen: uint8 up to 255 does not fit Delta's signed byte
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64(), 64: pa.int64()}[t.bit_width]
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_float32(t) or pa.types.is_float64(t):
+        return t
+    if pa.types.is_decimal(t):
+        if t.precision > 38 or t.scale < 0 or t.scale > t.precision:
+            raise store.SchemaMismatch(
+                f"column {where!r} has type {t}, but Delta Lake stores decimals with precision "
+                "up to 38 and 0 <= scale <= precision; cast it to decimal128(38, s) or float64"
+            )
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
+        return pa.binary()
+    if pa.types.is_date(t):
+        return pa.date32()
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", "UTC" if t.tz is not None else None)
+    if (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    ):
+        child = t.value_field
+        return pa.list_(pa.field("element", _delta_type(child.type, f"{where}[]"), child.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(
+            _delta_type(t.key_type, f"{where}.key"),
+            pa.field("value", _delta_type(t.item_type, f"{where}.value"), t.item_field.nullable),
+        )
+    if pa.types.is_struct(t):
+        if t.num_fields == 0:
+            raise store.SchemaMismatch(
+                f"column {where!r} is a struct without fields; Delta needs one"
+            )
+        return pa.struct(
+            [
+                pa.field(f.name, _delta_type(f.type, f"{where}.{f.name}"), f.nullable)
+                for f in (t.field(i) for i in range(t.num_fields))
+            ]
+        )
+    hint = {
+        "null": "give the column a real type (an all-null column still needs one)",
+    }.get(str(t), "cast it to a supported type (for times and durations, int64 or a string)")
+    raise store.SchemaMismatch(
+        f"column {where!r} has type {t}, which Delta Lake cannot store; {hint}"
+    )
+
+
+def delta_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema data of ``schema`` is written with: Delta types, as deltalake reports them."""
+    if not isinstance(schema, pa.Schema):
+        raise store.InvalidRequest(f"expected a pyarrow.Schema, got {type(schema).__name__}")
+    if len(schema) == 0:
+        raise store.SchemaMismatch("the schema has no columns; a dataset needs at least one")
+    names = schema.names
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes or "" in names:
+        raise store.SchemaMismatch(
+            f"column names must be unique and non-empty (duplicated: {dupes or ['']}); "
+            "rename the columns"
+        )
+    mapped = pa.schema([pa.field(f.name, _delta_type(f.type, f.name), f.nullable) for f in schema])
+    try:
+        # the round trip gives exactly the field names and nullability a table reports
+        return pa.schema(DeltaSchema.from_arrow(mapped).to_arrow())
+    except Exception as exc:  # deltalake raises several unrelated classes here
+        raise store.SchemaMismatch(f"Delta Lake rejects the schema: {exc}") from exc
+
+
+def needs_timestamp_ntz(schema: pa.Schema) -> bool:
+    """Whether a table of this schema needs Delta's timestampNtz feature."""
+
+    def ntz(t: pa.DataType) -> bool:
+        if pa.types.is_timestamp(t):
+            return t.tz is None
+        return any(ntz(t.field(i).type) for i in range(t.num_fields))
+
+    return any(ntz(f.type) for f in schema)
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal types, ignoring nullability and the names of list/map child fields."""
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return _same_type(a.value_type, b.value_type)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return _same_type(a.key_type, b.key_type) and _same_type(a.item_type, b.item_type)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        fa = [a.field(i) for i in range(a.num_fields)]
+        fb = [b.field(i) for i in range(b.num_fields)]
+        return [f.name for f in fa] == [f.name for f in fb] and all(
+            _same_type(x.type, y.type) for x, y in zip(fa, fb, strict=True)
+        )
+    return bool(a == b)
+
+
+def schema_differences(dataset: pa.Schema, given: pa.Schema) -> list[str]:
+    """Human-readable differences between a dataset's schema and a (normalised) write schema."""
+    out = []
+    for f in dataset:
+        if f.name not in given.names:
+            out.append(f"{f.name}: {f.type} in the dataset, missing from the data")
+        elif not _same_type(f.type, given.field(f.name).type):
+            out.append(f"{f.name}: dataset type {f.type} vs given type {given.field(f.name).type}")
+    out += [
+        f"{f.name}: not in the dataset (given type {f.type})"
+        for f in given
+        if f.name not in dataset.names
+    ]
+    return out
+
+
+def conform_batch(batch: pa.RecordBatch, target: pa.Schema, dataset: str) -> pa.RecordBatch:
+    """Reorder and cast ``batch`` to ``target`` (a :func:`delta_schema` result)."""
+    if batch.schema.names != target.names:
+        if sorted(batch.schema.names) != sorted(target.names):
+            diffs = schema_differences(target, batch.schema)
+            raise store.SchemaMismatch(
+                f"a batch for dataset {dataset!r} does not have the write schema's columns: "
+                + "; ".join(diffs)
+                + ". Send batches with exactly the columns the write was opened with"
+            )
+        batch = batch.select(target.names)
+    if batch.schema.equals(target, check_metadata=False):
+        return batch
+    columns = []
+    for field, column in zip(target, batch.columns, strict=True):
+        if not field.nullable and column.null_count:
+            raise store.SchemaMismatch(
+                f"column {field.name!r} of dataset {dataset!r} is NOT NULL, but a batch has "
+                f"{column.null_count} null values; fill them or write to a nullable column"
+            )
+        if column.type != field.type:
+            try:
+                # ns -> us truncates like Spark and write_deltalake do; overflow still raises
+                column = pc.cast(
+                    column, options=pc.CastOptions(field.type, allow_time_truncate=True)
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise store.SchemaMismatch(
+                    f"column {field.name!r} of type {column.type} cannot be written as "
+                    f"{field.type} in dataset {dataset!r}: {exc}. Cast the data first"
+                ) from exc
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitions
+
+_PARTITION_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_string,
+    pa.types.is_boolean,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_decimal,
+)
+
+
+def check_partition_by(schema: pa.Schema, partition_by: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(partition_by, str):
+        partition_by = [partition_by]
+    cols = tuple(partition_by)
+    for c in cols:
+        if c not in schema.names:
+            raise store.SchemaMismatch(
+                f"partition column {c!r} is not in the schema (columns: {schema.names})"
+            )
+        t = schema.field(c).type
+        if not any(ok(t) for ok in _PARTITION_TYPES):
+            raise store.SchemaMismatch(
+                f"partition column {c!r} has type {t}; partition by a column of a primitive "
+                "type (integer, string, date, timestamp, boolean, decimal, float)"
+            )
+    if len(set(cols)) != len(cols):
+        raise store.SchemaMismatch(f"partition columns {list(cols)} contain duplicates")
+    if len(cols) >= len(schema):
+        raise store.SchemaMismatch("at least one column must not be a partition column")
+    return cols
+
+
+def encode_partition_value(value: Any) -> str | None:
+    """A typed value as a Delta partition value string (None for null and for '')."""
+    if value is None or value == "":
+        return None  # Delta (and Spark) store an empty string partition value as null
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    raise store.InvalidRequest(f"cannot use {value!r} as a partition value")
+
+
+def partition_dir(partition_by: Sequence[str], values: Mapping[str, str | None]) -> str:
+    """Hive-style directories, percent-encoded like deltalake's own (``p=a%20b/q=1``)."""
+    parts = []
+    for c in partition_by:
+        v = values[c]
+        parts.append(f"{quote(c, safe='')}={quote(HIVE_NULL if v is None else v, safe='')}")
+    return "/".join(parts)
+
+
+def _split_by_partition(
+    batch: pa.RecordBatch, partition_by: Sequence[str]
+) -> Iterator[tuple[dict[str, str | None], pa.RecordBatch]]:
+    keys = pa.Table.from_batches([batch.select(list(partition_by))])
+    if all(pc.count_distinct(keys[c], mode="all").as_py() == 1 for c in partition_by):
+        yield {c: encode_partition_value(keys[c][0].as_py()) for c in partition_by}, batch
+        return
+    row = "__aqueduct_row__"
+    keys = keys.append_column(row, pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+    groups = keys.group_by(list(partition_by), use_threads=False).aggregate([(row, "list")])
+    rows = groups[f"{row}_list"]
+    for i in range(groups.num_rows):
+        values = {c: encode_partition_value(groups[c][i].as_py()) for c in partition_by}
+        yield values, batch.take(rows[i].values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def _leaves(t: pa.DataType) -> int:
+    """How many Parquet leaf columns a field of this type takes."""
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    if pa.types.is_list(t):
+        return _leaves(t.value_type)
+    return 1
+
+
+def _ms(v: dt.datetime, up: bool) -> dt.datetime:
+    """Round to whole milliseconds: Delta statistics carry timestamps with ms precision."""
+    floor = v.replace(microsecond=v.microsecond - v.microsecond % 1000)
+    if up and floor != v:
+        return floor + dt.timedelta(milliseconds=1)
+    return floor
+
+
+def _stat(v: Any, t: pa.DataType, up: bool) -> Any:
+    """A Parquet statistic as a Delta statistic JSON value, or None to leave it out."""
+    if v is None:
+        return None
+    if pa.types.is_timestamp(t) and isinstance(v, dt.datetime):
+        if v.tzinfo is not None:
+            v = v.astimezone(dt.UTC).replace(tzinfo=None)
+            return _ms(v, up).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return _ms(v, up).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    if pa.types.is_date(t) and isinstance(v, dt.date):
+        return v.isoformat()
+    if pa.types.is_integer(t) and isinstance(v, int):
+        return v
+    if pa.types.is_string(t) and isinstance(v, str):
+        if len(v) <= _MAX_STAT_CHARS:
+            return v
+        return None if up else v[:_MAX_STAT_CHARS]  # a prefix is still a lower bound
+    # floats (NaN is not in Parquet min/max but other engines order it), decimals (JSON numbers
+    # would round), booleans and binary: null counts only
+    return None
+
+
+def stats_from_metadata(md: pq.FileMetaData, file_schema: pa.Schema) -> str:
+    """Delta statistics JSON for a Parquet file, from its footer alone."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    leaf = 0
+    for field in file_schema:
+        ci, leaf = leaf, leaf + _leaves(field.type)
+        if pa.types.is_nested(field.type):
+            continue
+        lo = hi = None
+        nc = 0
+        known = bounded = True
+        for rg in range(md.num_row_groups):
+            n = md.row_group(rg).num_rows
+            st = md.row_group(rg).column(ci).statistics
+            if n == 0:
+                continue
+            if st is None or not st.has_null_count:
+                known = False
+                break
+            nc += st.null_count
+            if st.null_count == n:
+                continue  # all null: nothing to bound
+            a = _stat(st.min, field.type, False) if st.has_min_max else None
+            b = _stat(st.max, field.type, True) if st.has_min_max else None
+            if a is None or b is None:
+                bounded = False
+                continue
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+        if not known:
+            continue
+        nulls[field.name] = nc
+        if bounded and lo is not None and hi is not None:
+            mins[field.name] = lo
+            maxs[field.name] = hi
+    return json.dumps(
+        {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Committing and cleaning up
+
+
+def staged_files(fs: pafs.FileSystem) -> list[pafs.FileInfo]:
+    """Every file in the table directory named like a staged file (committed or not)."""
+    try:
+        infos = fs.get_file_info(pafs.FileSelector("", recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    return [
+        i
+        for i in infos
+        if i.type == pafs.FileType.File
+        and not i.path.startswith(("_", "."))
+        and staged_txn(i.path) is not None
+    ]
+
+
+def verify_staged(
+    dataset: str,
+    fs: pafs.FileSystem,
+    files: Sequence[store.StagedFile],
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    active: set[str],
+) -> list[AddAction]:
+    """The add actions committing ``files`` to a table of ``schema``, after checking each one
+    is ours, inside this table, not yet active, complete, and written with this schema. The
+    statistics are recomputed from each file's own footer rather than trusted."""
+    seen: set[str] = set()
+    for f in files:
+        check_relative_path(f.path)
+        if staged_txn(f.path) is None:
+            raise store.InvalidRequest(f"{f.path!r} is not the name of a file staged here")
+        if f.path in seen:
+            raise store.InvalidRequest(f"staged file {f.path!r} is listed twice")
+        seen.add(f.path)
+        if f.path in active:
+            raise store.InvalidRequest(
+                f"staged file {f.path!r} is already part of dataset {dataset!r}; a commit can "
+                "only be repeated safely with an app_id and app_version"
+            )
+        if set(f.partition_values) != set(partition_by):
+            raise store.SchemaMismatch(
+                f"staged file {f.path!r} is partitioned by {sorted(f.partition_values)}, dataset "
+                f"{dataset!r} by {list(partition_by)}; stage with partition_by={list(partition_by)}"
+            )
+        where = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
+        if where != partition_dir(partition_by, f.partition_values):
+            raise store.InvalidRequest(
+                f"staged file {f.path!r} is not in the directory of its partition values"
+            )
+    file_schema = pa.schema([fd for fd in schema if fd.name not in partition_by])
+
+    def check(f: store.StagedFile) -> AddAction:
+        gone = store.InvalidRequest(
+            f"staged file {f.path!r} does not exist in dataset {dataset!r}: it was aborted, "
+            "cleaned up as an orphan, or staged for another dataset. Stage the data again"
+        )
+        info = fs.get_file_info(f.path)
+        if info.type != pafs.FileType.File:
+            raise gone
+        try:
+            with fs.open_input_file(f.path) as fh:
+                md = pq.read_metadata(fh)
+        except FileNotFoundError as exc:
+            raise gone from exc
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise store.InvalidRequest(f"staged file {f.path!r} is not Parquet: {exc}") from exc
+        got = md.schema.to_arrow_schema()
+        if got.names != file_schema.names or not all(
+            _same_type(a.type, b.type) for a, b in zip(got, file_schema, strict=True)
+        ):
+            raise store.SchemaMismatch(
+                f"staged file {f.path!r} has the columns {got}, not the write's {file_schema}; "
+                "stage it again with the schema check_schema returns"
+            )
+        return AddAction(
+            path=f.path,
+            size=int(info.size),
+            partition_values=dict(f.partition_values),
+            modification_time=f.modification_time,
+            data_change=True,
+            stats=stats_from_metadata(md, file_schema),
+        )
+
+    if len(files) <= 1:
+        return [check(f) for f in files]
+    with ThreadPoolExecutor(min(_VERIFY_THREADS, len(files))) as pool:
+        return list(pool.map(check, files))
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer
+
+
+class _OpenFile:
+    def __init__(self, path: str, sink: pa.NativeFile, writer: pq.ParquetWriter) -> None:
+        self.path = path
+        self.sink = sink
+        self.writer = writer
+
+
+class _Partition:
+    def __init__(self, values: dict[str, str | None], directory: str) -> None:
+        self.values = values
+        self.directory = directory
+        self.batches: list[pa.RecordBatch] = []
+        self.buffered_bytes = 0
+        self.buffered_rows = 0
+        self.file: _OpenFile | None = None
+
+
+class StageWriter:
+    """Streams the batches of one write task into staged Parquet files of one dataset.
+
+    Get one from ``Store.open_stage``. Call :meth:`write` as batches arrive, then :meth:`close`
+    for the :class:`StagedFile` list to hand to ``Store.commit``, or :meth:`abort` to delete
+    everything written. Not thread-safe: one task, one thread at a time.
+
+    Memory stays bounded: batches are buffered per partition until they make a row group of
+    about ``row_group_bytes`` (and at most ``2 * row_group_bytes`` over all partitions), written
+    out, and a file is closed once it reaches ``target_file_bytes``. Batches are cast to the
+    dataset's Delta types; a batch whose columns do not match raises :class:`SchemaMismatch`
+    and leaves the writer usable.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        filesystem: pafs.FileSystem,
+        schema: pa.Schema,
+        partition_by: Sequence[str],
+        txn: str,
+        task: str,
+        target_file_bytes: int,
+        row_group_bytes: int,
+        make_dir: Callable[[str], None] | None = None,
+        remove_empty_dirs: Callable[[Sequence[str]], None] | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.txn = check_txn(txn)
+        self.task = check_task(task)
+        self.schema = delta_schema(schema)
+        self.partition_by = check_partition_by(self.schema, partition_by)
+        self._file_schema = pa.schema([f for f in self.schema if f.name not in self.partition_by])
+        self._fs = filesystem
+        self._target = max(1, int(target_file_bytes))
+        self._rg_bytes = max(1, min(int(row_group_bytes), self._target))
+        self._make_dir = make_dir
+        self._remove_empty_dirs = remove_empty_dirs
+        self._partitions: dict[tuple[str | None, ...], _Partition] = {}
+        self._buffered = 0
+        self._created: list[str] = []
+        self._staged: list[store.StagedFile] = []
+        self._state = "open"
+        self.rows = 0
+
+    def __enter__(self) -> StageWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self._state == "open":
+            self.close()
+
+    @property
+    def staged(self) -> list[store.StagedFile]:
+        """Files finished so far (all of them after :meth:`close`)."""
+        return list(self._staged)
+
+    def write(self, data: pa.RecordBatch | pa.Table) -> None:
+        """Stage one batch (or table). Rows are visible only after the commit."""
+        if self._state != "open":
+            raise store.InvalidRequest(
+                f"the stage writer of task {self.task!r} is already {self._state}"
+            )
+        batches = data.to_batches() if isinstance(data, pa.Table) else [data]
+        for batch in batches:
+            if not isinstance(batch, pa.RecordBatch):
+                raise store.InvalidRequest(
+                    f"expected a pyarrow.RecordBatch, got {type(batch).__name__}"
+                )
+            batch = conform_batch(batch, self.schema, self.dataset)
+            if batch.num_rows == 0:
+                continue
+            self.rows += batch.num_rows
+            if self.partition_by:
+                for values, part in _split_by_partition(batch, self.partition_by):
+                    self._buffer(values, part)
+            else:
+                self._buffer({}, batch)
+
+    def _buffer(self, values: dict[str, str | None], batch: pa.RecordBatch) -> None:
+        key = tuple(values[c] for c in self.partition_by)
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _Partition(
+                values, partition_dir(self.partition_by, values)
+            )
+        if self.partition_by:
+            batch = batch.select(self._file_schema.names)
+        part.batches.append(batch)
+        part.buffered_bytes += batch.nbytes
+        part.buffered_rows += batch.num_rows
+        self._buffered += batch.nbytes
+        if part.buffered_bytes >= self._rg_bytes or part.buffered_rows >= ROW_GROUP_MAX_ROWS:
+            self._flush(part)
+        while self._buffered > 2 * self._rg_bytes:
+            self._flush(max(self._partitions.values(), key=lambda p: p.buffered_bytes))
+
+    def _flush(self, part: _Partition) -> None:
+        if not part.batches:
+            return
+        table = pa.Table.from_batches(part.batches, schema=self._file_schema)
+        self._buffered -= part.buffered_bytes
+        part.batches, part.buffered_bytes, part.buffered_rows = [], 0, 0
+        if part.file is None:
+            part.file = self._open(part)
+        part.file.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        if part.file.sink.tell() >= self._target:
+            self._finish(part)
+
+    def _open(self, part: _Partition) -> _OpenFile:
+        name = staged_file_name(self.txn, self.task)
+        path = f"{part.directory}/{name}" if part.directory else name
+        sink = None
+        for attempt in range(3):
+            if self._make_dir is not None:
+                self._make_dir(part.directory)
+            try:
+                sink = self._fs.open_output_stream(path)
+                break
+            except FileNotFoundError:
+                # an abort of another write removed the directory, empty a moment ago
+                if attempt == 2:
+                    raise
+        assert sink is not None
+        self._created.append(path)
+        writer = pq.ParquetWriter(sink, self._file_schema, compression="snappy")
+        return _OpenFile(path, sink, writer)
+
+    def _finish(self, part: _Partition) -> None:
+        f, part.file = part.file, None
+        assert f is not None
+        f.writer.close()
+        md = f.writer.writer.metadata
+        f.sink.close()
+        info = self._fs.get_file_info(f.path)
+        mtime = info.mtime
+        self._staged.append(
+            store.StagedFile(
+                path=f.path,
+                size=int(info.size) if info.size is not None else 0,
+                rows=md.num_rows,
+                partition_values=dict(part.values),
+                stats=stats_from_metadata(md, self._file_schema),
+                modification_time=(
+                    int(mtime.timestamp() * 1000) if mtime is not None else int(time.time() * 1000)
+                ),
+            )
+        )
+
+    def close(self) -> list[store.StagedFile]:
+        """Write out everything buffered and return the staged files (none if no rows)."""
+        if self._state == "closed":
+            return list(self._staged)
+        if self._state != "open":
+            raise store.InvalidRequest(
+                f"the stage writer of task {self.task!r} is already {self._state}"
+            )
+        try:
+            for part in self._partitions.values():
+                self._flush(part)
+                if part.file is not None:
+                    self._finish(part)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "closed"
+        return list(self._staged)
+
+    def abort(self) -> None:
+        """Delete every file this writer created. Safe to call more than once."""
+        if self._state == "aborted":
+            return
+        self._state = "aborted"
+        for part in self._partitions.values():
+            part.batches = []
+            if part.file is not None:
+                for closer in (part.file.writer.close, part.file.sink.close):
+                    with contextlib.suppress(Exception):  # the file is deleted next anyway
+                        closer()
+                part.file = None
+        for path in self._created:
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(path)
+        if self._remove_empty_dirs is not None:
+            self._remove_empty_dirs(self._created)
+        self._created, self._staged = [], []

@@ -90,10 +90,12 @@ class MemoryReport:
 
     received: dict[int, int]
     queued_to_send: dict[int, int]
+    in_transport: int = 0
+    """Bytes handed to the transport and not yet sent (the adapter reports them)."""
 
     @property
     def total(self) -> int:
-        return sum(self.received.values()) + sum(self.queued_to_send.values())
+        return sum(self.received.values()) + sum(self.queued_to_send.values()) + self.in_transport
 
 
 class _Seq:
@@ -423,7 +425,7 @@ class Connection:
             n = sum(len(o.payload) for o in sm.queue)
             if n:
                 queued[chanid] = n
-        return MemoryReport(received, queued)
+        return MemoryReport(received, queued, self.tx_backlog)
 
     def pending_channels(self) -> tuple[int, int]:
         """(remote-created channels not attached yet, bytes buffered in them)."""

@@ -1,0 +1,394 @@
+"""Every option of the ``aqueduct`` Spark data source: one table, validated once.
+
+Spark passes options as lower-cased keys with string values; :func:`parse` checks them all on
+the driver (when the DataFrame is defined) and returns typed :class:`Options`, so a typo or
+a bad value fails at once with a message naming the option and the fix, not later on an
+executor. ``OPTIONS`` is also the source of ``docs/spark-options.md`` (a test keeps the two
+equal).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aqueduct_core.errors import AqueductError
+from aqueduct_core.transport import ClientTLS, TransportConfig
+
+
+class OptionError(AqueductError, ValueError):
+    """An option of the aqueduct data source is missing or has a bad value."""
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    default: str
+    kind: str
+    """What it applies to: all, read, write, stream read, stream write."""
+    meaning: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "url",
+        "(required)",
+        "all",
+        "Service address `quic://host:port`; several separated by commas are tried in order.",
+    ),
+    Option(
+        "path",
+        "(required)",
+        "all",
+        "The dataset name; usually given as `load(name)` / `save(name)`. Alias: `dataset`.",
+    ),
+    Option("token", "none (env `AQUEDUCT_TOKEN`)", "all", "Bearer token the service requires."),
+    Option(
+        "cafile",
+        "none",
+        "all",
+        "PEM file of the CA that signed the service certificate (must exist on every executor).",
+    ),
+    Option(
+        "fingerprint",
+        "none",
+        "all",
+        "SHA-256 fingerprint of the service certificate, as `aqueduct serve` prints it.",
+    ),
+    Option(
+        "insecure",
+        "false",
+        "all",
+        "Do not verify the service certificate (local tests only; warns).",
+    ),
+    Option(
+        "backend", "auto", "all", "QUIC library: `auto` (qh3 if installed), `aioquic` or `qh3`."
+    ),
+    Option(
+        "packetSize",
+        "auto",
+        "all",
+        "QUIC packet size in bytes; auto: largest on loopback, 1472 elsewhere. Raise for jumbo frames (e.g. 8972).",
+    ),
+    Option(
+        "compression",
+        "none",
+        "all",
+        "Arrow IPC body compression on data channels: `none`, `lz4` or `zstd` (helps on slow links).",
+    ),
+    Option(
+        "connectTimeout", "10s", "all", "How long to wait for the service to answer the handshake."
+    ),
+    Option("requestTimeout", "60s", "all", "How long to wait for the answer to one request."),
+    Option(
+        "retries",
+        "3",
+        "all",
+        "Reconnect attempts (with backoff) for reads and other idempotent requests.",
+    ),
+    Option(
+        "flowWindow",
+        "16MB",
+        "all",
+        "Per-channel receive window: bytes a reader lets the service send ahead.",
+    ),
+    Option("versionAsOf", "latest", "read", "Read this version of the dataset (time travel)."),
+    Option(
+        "timestampAsOf",
+        "latest",
+        "read",
+        "Read the version current at this time (ISO 8601, UTC if no zone).",
+    ),
+    Option(
+        "columns",
+        "all",
+        "read",
+        "Comma-separated columns to read (Spark cannot prune Python sources; this cuts data at the service).",
+    ),
+    Option(
+        "splitSize", "128MB", "read", "Target bytes per Spark partition (a split of the dataset)."
+    ),
+    Option("batchRows", "65536", "read", "Rows per Arrow batch sent by the service."),
+    Option(
+        "partitionBy",
+        "none",
+        "write",
+        "Comma-separated partition columns, used when the write creates the dataset.",
+    ),
+    Option(
+        "overwriteSchema",
+        "false",
+        "write",
+        "With mode overwrite, allow replacing the dataset's schema.",
+    ),
+    Option(
+        "startingVersion",
+        "latest",
+        "stream read",
+        "Where a new query starts: `earliest`, `latest`, or a version number.",
+    ),
+    Option(
+        "startingTimestamp",
+        "none",
+        "stream read",
+        "Start at the first version committed at or after this time (overrides startingVersion).",
+    ),
+    Option(
+        "maxRowsPerTrigger", "none", "stream read", "Most rows per micro-batch (admission control)."
+    ),
+    Option(
+        "maxBytesPerTrigger",
+        "none",
+        "stream read",
+        "Most bytes per micro-batch (soft: a version is never split below one file).",
+    ),
+    Option(
+        "minRowsPerTrigger",
+        "none",
+        "stream read",
+        "Wait for at least this many rows, up to maxTriggerDelay.",
+    ),
+    Option(
+        "maxTriggerDelay",
+        "15m",
+        "stream read",
+        "Longest wait for minRowsPerTrigger before a smaller micro-batch runs.",
+    ),
+    Option(
+        "failOnDataLoss",
+        "true",
+        "stream read",
+        "Fail the query when versions it needs were vacuumed; false skips to what exists.",
+    ),
+    Option(
+        "pushNotifications",
+        "true",
+        "stream read",
+        "Learn about new versions from the service's push channel (low latency); false: poll.",
+    ),
+    Option(
+        "pollInterval",
+        "1s",
+        "stream read",
+        "How often to poll for new versions when push notifications are off or unavailable.",
+    ),
+)
+
+_BY_KEY = {o.name.lower(): o for o in OPTIONS}
+_ALIASES = {"dataset": "path"}
+
+
+def parse_duration(name: str, value: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", value)
+    if not m:
+        raise OptionError(
+            f"option {name!r} must be a duration like 500ms, 10s, 5m or 1h, got {value!r}"
+        )
+    number = float(m.group(1))
+    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def parse_size(name: str, value: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*", value.lower())
+    if not m:
+        raise OptionError(f"option {name!r} must be a size like 64MB or 1048576, got {value!r}")
+    unit = (m.group(2) or "").rstrip("b").rstrip("i")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit]
+    size = int(float(m.group(1)) * scale)
+    if size <= 0:
+        raise OptionError(f"option {name!r} must be positive, got {value!r}")
+    return size
+
+
+def parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name!r} must be true or false, got {value!r}")
+
+
+def parse_int(name: str, value: str, minimum: int = 0) -> int:
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise OptionError(f"option {name!r} must be a whole number, got {value!r}") from None
+    if n < minimum:
+        raise OptionError(f"option {name!r} must be >= {minimum}, got {n}")
+    return n
+
+
+def parse_timestamp(name: str, value: str) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(
+            f"option {name!r} must be an ISO 8601 time like 2026-01-31T12:00:00Z, got {value!r}"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Parsed options. Picklable, so Spark ships it to executors."""
+
+    url: str
+    dataset: str
+    token: str | None = None
+    cafile: str | None = None
+    fingerprint: str | None = None
+    insecure: bool = False
+    backend: str = "auto"
+    packet_size: int | None = None
+    compression: str = "none"
+    connect_timeout: float = 10.0
+    request_timeout: float = 60.0
+    retries: int = 3
+    flow_window: int = 16 << 20
+    version_as_of: int | None = None
+    timestamp_as_of: dt.datetime | None = None
+    columns: tuple[str, ...] | None = None
+    split_size: int = 128 << 20
+    batch_rows: int = 65536
+    partition_by: tuple[str, ...] = ()
+    overwrite_schema: bool = False
+    starting_version: str = "latest"
+    starting_timestamp: dt.datetime | None = None
+    max_rows_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    min_rows_per_trigger: int | None = None
+    max_trigger_delay: float = 900.0
+    fail_on_data_loss: bool = True
+    push_notifications: bool = True
+    poll_interval: float = 1.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def client_config(self) -> Any:
+        """The dataset client's configuration for these options."""
+        from aqueduct_core.engine import EngineConfig
+        from aqueduct_spark.client import ClientConfig
+
+        if self.cafile is not None:
+            tls = ClientTLS(cafile=self.cafile)
+        elif self.fingerprint is not None:
+            tls = ClientTLS(fingerprint=self.fingerprint)
+        else:
+            tls = ClientTLS(insecure=self.insecure)
+        transport = TransportConfig(
+            backend=self.backend,  # type: ignore[arg-type]
+            packet_size=self.packet_size,
+            handshake_timeout=self.connect_timeout,
+            engine=EngineConfig(flow_window=self.flow_window),
+        )
+        return ClientConfig(
+            self.url,
+            token=self.token,
+            tls=tls,
+            transport=transport,
+            retries=self.retries,
+            timeout=self.request_timeout,
+            compression=self.compression,
+        )
+
+
+def parse(raw: Mapping[str, str]) -> Options:
+    """Validate every option (keys case-insensitive); raise OptionError on the first problem."""
+    given: dict[str, str] = {}
+    for key, value in raw.items():
+        k = _ALIASES.get(key.lower(), key.lower())
+        if k not in _BY_KEY:
+            close = [o.name for o in OPTIONS if o.name.lower().startswith(k[:4])]
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise OptionError(f"unknown option {key!r} for the aqueduct data source.{hint}")
+        given[k] = str(value)
+
+    def get(name: str) -> str | None:
+        return given.get(name.lower())
+
+    url = get("url") or os.environ.get("AQUEDUCT_URL")
+    if not url:
+        raise OptionError(
+            'the aqueduct data source needs option "url", e.g. .option("url", "quic://host:4433")'
+        )
+    from aqueduct_spark.client import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    dataset = get("path")
+    if not dataset:
+        raise OptionError(
+            'name the dataset: .load("name") / .save("name") or .option("dataset", "name")'
+        )
+    trust = [k for k in ("cafile", "fingerprint") if get(k)] + (
+        ["insecure"] if parse_bool("insecure", get("insecure") or "false") else []
+    )
+    if len(trust) > 1:
+        raise OptionError(
+            f"choose one of cafile, fingerprint or insecure, not {' and '.join(trust)}"
+        )
+    compression = (get("compression") or "none").lower()
+    if compression not in ("none", "lz4", "zstd"):
+        raise OptionError(f"option 'compression' must be none, lz4 or zstd, got {compression!r}")
+    backend = (get("backend") or "auto").lower()
+    if backend not in ("auto", "aioquic", "qh3"):
+        raise OptionError(f"option 'backend' must be auto, aioquic or qh3, got {backend!r}")
+    starting = (get("startingVersion") or "latest").lower()
+    if starting not in ("latest", "earliest"):
+        parse_int("startingVersion", starting)
+    version = get("versionAsOf")
+    timestamp = get("timestampAsOf")
+    if version is not None and timestamp is not None:
+        raise OptionError("give versionAsOf or timestampAsOf, not both")
+
+    def split(value: str | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        items = tuple(v.strip() for v in value.split(",") if v.strip())
+        return items or None
+
+    def opt_int(name: str, minimum: int = 1) -> int | None:
+        value = get(name)
+        return None if value is None else parse_int(name, value, minimum)
+
+    return Options(
+        url=url,
+        dataset=dataset,
+        token=get("token") or os.environ.get("AQUEDUCT_TOKEN"),
+        cafile=get("cafile"),
+        fingerprint=get("fingerprint"),
+        insecure="insecure" in trust,
+        backend=backend,
+        packet_size=opt_int("packetSize", 1200),
+        compression=compression,
+        connect_timeout=parse_duration("connectTimeout", get("connectTimeout") or "10s"),
+        request_timeout=parse_duration("requestTimeout", get("requestTimeout") or "60s"),
+        retries=parse_int("retries", get("retries") or "3"),
+        flow_window=parse_size("flowWindow", get("flowWindow") or "16MB"),
+        version_as_of=None if version is None else parse_int("versionAsOf", version),
+        timestamp_as_of=None if timestamp is None else parse_timestamp("timestampAsOf", timestamp),
+        columns=split(get("columns")),
+        split_size=parse_size("splitSize", get("splitSize") or "128MB"),
+        batch_rows=parse_int("batchRows", get("batchRows") or "65536", 1),
+        partition_by=split(get("partitionBy")) or (),
+        overwrite_schema=parse_bool("overwriteSchema", get("overwriteSchema") or "false"),
+        starting_version=starting,
+        starting_timestamp=None
+        if get("startingTimestamp") is None
+        else parse_timestamp("startingTimestamp", get("startingTimestamp") or ""),
+        max_rows_per_trigger=opt_int("maxRowsPerTrigger"),
+        max_bytes_per_trigger=None
+        if get("maxBytesPerTrigger") is None
+        else parse_size("maxBytesPerTrigger", get("maxBytesPerTrigger") or ""),
+        min_rows_per_trigger=opt_int("minRowsPerTrigger"),
+        max_trigger_delay=parse_duration("maxTriggerDelay", get("maxTriggerDelay") or "15m"),
+        fail_on_data_loss=parse_bool("failOnDataLoss", get("failOnDataLoss") or "true"),
+        push_notifications=parse_bool("pushNotifications", get("pushNotifications") or "true"),
+        poll_interval=parse_duration("pollInterval", get("pollInterval") or "1s"),
+    )

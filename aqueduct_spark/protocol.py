@@ -38,7 +38,8 @@ H_COMPRESSION = b"aqds-compression-4b1f0a"
 H_BATCH = b"aqds-batch-4b1f0a"
 """CBOR {"rows": n, "seq": i} for each batch."""
 H_ERROR = b"aqds-error-4b1f0a"
-"""CBOR {"code", "message"}: the sender failed; the channel is cancelled next."""
+"""CBOR {"code", "message"}: the sender failed; this is its last message (the channel is then
+finished, not cancelled: a cancel could drop this very message)."""
 
 COMPRESSIONS = ("none", "lz4", "zstd")
 MAX_BATCH_BYTES = 64 * 1024 * 1024

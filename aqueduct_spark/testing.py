@@ -1,9 +1,9 @@
 """Helpers for testing code that uses the dataset service: a real ``aqueduct serve`` process.
 
-    svc = start_service(tmp_path / "root")     # waits until it is ready
-    client = svc.client()                       # a blocking Client that trusts it
-    ...
-    svc.stop()                                  # (svc.kill() for SIGKILL)
+svc = start_service(tmp_path / "root")     # waits until it is ready
+client = svc.client()                       # a blocking Client that trusts it
+...
+svc.stop()                                  # (svc.kill() for SIGKILL)
 """
 
 from __future__ import annotations

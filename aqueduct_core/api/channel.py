@@ -112,6 +112,8 @@ class Handle:
         self._chanid = -1
         self._mode = Mode.ORDERED
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._final: Exception | None = None
+        """How the handle ended, raised again on every later use (terminal states stick)."""
 
     # -- state -------------------------------------------------------------------------
 
@@ -153,12 +155,19 @@ class Handle:
             self, _backstop, weakref.ref(conn), chanid, self._is_sender, type(self).__name__
         )
 
-    def _ended(self) -> None:
+    def _ended(self, final: Exception | None = None) -> None:
         """The application is done with this handle (engine informed already)."""
+        if final is not None and self._final is None:
+            self._final = final
         self._state = _State.ENDED
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
+
+    def _raise_final(self, otherwise: str) -> None:
+        if self._final is not None:
+            raise type(self._final)(*self._final.args)
+        raise ChannelClosed(otherwise)
 
     def __repr__(self) -> str:
         where = f"chanid {self._chanid}" if self._chanid >= 0 else "local"
@@ -168,6 +177,9 @@ class Handle:
 def _backstop(conn_ref: weakref.ref[Connection], chanid: int, sender: bool, kind: str) -> None:
     conn = conn_ref()
     if conn is None or conn.is_closed:
+        return
+    if conn._engine.terminal(chanid) is not None:
+        conn._drop(chanid, sender)  # the channel had ended already: nothing was leaked
         return
     warnings.warn(
         f"{kind} for channel {chanid} was garbage collected while live; it was "
@@ -198,18 +210,20 @@ class _SendEnd(Handle):
 
     def _send_now(self, value: Any, headers: Any) -> None:
         self._check_usable()
+        if self._state is _State.ENDED:
+            self._raise_final("this sender was already finished or cancelled")
         hdrs = check_headers(headers, "message headers")
         if self._conn is not None:
             try:
                 self._conn._send(self, value, hdrs)
             except ChannelError as exc:
                 if not isinstance(exc, ChannelClosed):
-                    self._release()
+                    self._release(exc)
                 raise
             return
         pair = self._pair
         assert pair is not None
-        if self._state is _State.ENDED or pair.finished or pair.cancelled:
+        if pair.finished or pair.cancelled:
             raise ChannelClosed("this sender was already finished or cancelled")
         if pair.receiver_closed:
             raise ReceiverDropped("the receiver was closed")
@@ -250,12 +264,12 @@ class _SendEnd(Handle):
             self._pair.wake()
         self._ended()
 
-    def _release(self) -> None:
-        """The channel reached a terminal error: free it (like cancel, no wire effect)."""
+    def _release(self, final: Exception | None = None) -> None:
+        """The channel reached a terminal state: free it (like cancel, no wire effect)."""
         if self._conn is not None and self._state is _State.NETWORKED:
             self._conn._engine.cancel(self._chanid, now=self._conn._now())
             self._conn._flush()
-            self._ended()
+            self._ended(final)
 
     async def wait_closed(self) -> None:
         """Wait until the channel ended: returns once the receiver got everything after a
@@ -263,10 +277,10 @@ class _SendEnd(Handle):
         if self._conn is None:
             return
         terminal = await self._conn._wait_terminal(self._chanid)
-        if terminal is not Terminal.FINISHED and terminal is not None:
-            err = terminal.error()
-            if err is not None and terminal is not Terminal.CANCELLED:
-                raise err
+        err = None if terminal in (None, Terminal.FINISHED) else terminal.error()
+        self._release(err or ChannelClosed("the channel finished"))  # it has ended: free it
+        if err is not None and terminal is not Terminal.CANCELLED:
+            raise err
 
 
 class Sender(_SendEnd):
@@ -350,7 +364,7 @@ class Receiver(Handle, Generic[T]):
     def recv_message_nowait(self) -> Delivery[T]:
         self._check_usable()
         if self._state is _State.ENDED:
-            raise ChannelClosed("this receiver was already closed")
+            self._raise_final("this receiver was already closed")
         pair = self._pair
         if pair is not None and pair.queue:
             value, headers = pair.queue.popleft()
@@ -359,16 +373,16 @@ class Receiver(Handle, Generic[T]):
         if self._conn is not None:
             try:
                 return self._conn._recv(self)
-            except (EndOfChannel, ChannelError):
-                self._release()
+            except (EndOfChannel, ChannelError) as exc:
+                self._release(exc)
                 raise
         assert pair is not None
         if pair.cancelled:
-            self._ended()
-            raise ChannelCancelled("the sender cancelled the channel")
+            self._ended(ChannelCancelled("the sender cancelled the channel"))
+            self._raise_final("")
         if pair.finished:
-            self._ended()
-            raise EndOfChannel("the sender finished and every message was received")
+            self._ended(EndOfChannel("the sender finished and every message was received"))
+            self._raise_final("")
         raise WouldBlock("no message yet")
 
     async def recv(self) -> T:
@@ -403,11 +417,11 @@ class Receiver(Handle, Generic[T]):
             self._conn._flush()
         self._ended()
 
-    def _release(self) -> None:
+    def _release(self, final: Exception | None = None) -> None:
         if self._conn is not None and self._state is _State.NETWORKED:
             self._conn._engine.close_receiver(self._chanid, now=self._conn._now())
             self._conn._flush()
-        self._ended()
+        self._ended(final)
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self

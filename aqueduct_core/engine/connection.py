@@ -425,7 +425,9 @@ class Connection:
             n = sum(len(o.payload) for o in sm.queue)
             if n:
                 queued[chanid] = n
-        return MemoryReport(received, queued, self.tx_backlog)
+        # Only a transport that reports its backlog (and sets a budget) keeps it current.
+        in_transport = self.tx_backlog if self.tx_budget is not None else 0
+        return MemoryReport(received, queued, in_transport)
 
     def pending_channels(self) -> tuple[int, int]:
         """(remote-created channels not attached yet, bytes buffered in them)."""

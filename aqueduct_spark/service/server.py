@@ -198,9 +198,12 @@ class DatasetService:
     async def _fail(self, req: Any, error: P.DatasetError) -> None:
         if isinstance(req, dict) and isinstance(req.get("out"), Sender):
             out: Sender = req["out"]
-            # The error travels as the channel's last message, then the channel is cancelled.
+            # The error travels as the channel's last message, then the channel is finished.
+            # Not cancelled: CANCEL drops unsent messages and resets the stream, which could
+            # destroy the very message that says what went wrong.
             with contextlib.suppress(AqueductError, TimeoutError):
                 await asyncio.wait_for(out.send(b"", headers=[P.error_header(error)]), 10)
+                out.finish()
         self._reply(req, P.fail(error))
 
     # -- simple operations (run in a worker thread) -----------------------------------

@@ -40,7 +40,9 @@ def read(spark: Any, service: ServiceProcess, name: str, **options: str) -> Data
     return spark.read.format("aqueduct").options(**service.options, **options).load(name)
 
 
-def write(df: DataFrame, service: ServiceProcess, name: str, mode: str = "append", **options: str) -> None:
+def write(
+    df: DataFrame, service: ServiceProcess, name: str, mode: str = "append", **options: str
+) -> None:
     df.write.format("aqueduct").options(**service.options, **options).mode(mode).save(name)
 
 
@@ -97,7 +99,9 @@ FILTERS = [
 def test_filters_give_the_same_rows_with_and_without_pushdown(
     spark: Any, service: ServiceProcess, pushdown: bool
 ) -> None:
-    data = numbers(spark, 100).withColumn("s", F.when(F.col("id") % 10 == 3, None).otherwise(F.col("s")))
+    data = numbers(spark, 100).withColumn(
+        "s", F.when(F.col("id") % 10 == 3, None).otherwise(F.col("s"))
+    )
     write(data, service, "filtered", mode="overwrite")
     spark.conf.set("spark.sql.python.filterPushdown.enabled", str(pushdown).lower())
     try:
@@ -112,8 +116,12 @@ def test_filters_give_the_same_rows_with_and_without_pushdown(
 def test_sql_usage(spark: Any, service: ServiceProcess) -> None:
     write(numbers(spark, 50), service, "sqlds", mode="overwrite")
     options = ", ".join(f"{k} '{v}'" for k, v in service.options.items())
-    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW sqlds USING aqueduct OPTIONS (path 'sqlds', {options})")
-    assert spark.sql("SELECT count(*) AS n, sum(id) AS total FROM sqlds").collect() == [Row(n=50, total=1225)]
+    spark.sql(
+        f"CREATE OR REPLACE TEMPORARY VIEW sqlds USING aqueduct OPTIONS (path 'sqlds', {options})"
+    )
+    assert spark.sql("SELECT count(*) AS n, sum(id) AS total FROM sqlds").collect() == [
+        Row(n=50, total=1225)
+    ]
 
 
 TYPES = StructType(
@@ -134,25 +142,62 @@ TYPES = StructType(
         StructField("ntz", TimestampNTZType()),
         StructField("arr", ArrayType(LongType())),
         StructField("m", MapType(StringType(), LongType())),
-        StructField("st", StructType([StructField("a", IntegerType()), StructField("b", StringType())])),
+        StructField(
+            "st", StructType([StructField("a", IntegerType()), StructField("b", StringType())])
+        ),
         StructField(
             "nested",
-            ArrayType(StructType([StructField("k", StringType()), StructField("v", ArrayType(DoubleType()))])),
+            ArrayType(
+                StructType(
+                    [StructField("k", StringType()), StructField("v", ArrayType(DoubleType()))]
+                )
+            ),
         ),
     ]
 )
 
 
 def type_rows() -> list[tuple[Any, ...]]:
-    ts = dt.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=dt.timezone.utc)
+    ts = dt.datetime(2026, 3, 4, 5, 6, 7, 123456, tzinfo=dt.UTC)
     full = (
-        1, -128, -32768, -(2**31), -(2**63), 1.5, -2.25, decimal.Decimal("1234567890123456789012345678.0123456789"),
-        "héllo wörld ✓", b"\x00\xffbytes", True, dt.date(1970, 1, 1), ts, dt.datetime(2026, 3, 4, 5, 6, 7),
-        [1, 2, None], {"a": 1, "b": None}, (7, "x"), [("k1", [1.0, None]), None],
+        1,
+        -128,
+        -32768,
+        -(2**31),
+        -(2**63),
+        1.5,
+        -2.25,
+        decimal.Decimal("1234567890123456789012345678.0123456789"),
+        "héllo wörld ✓",
+        b"\x00\xffbytes",
+        True,
+        dt.date(1970, 1, 1),
+        ts,
+        dt.datetime(2026, 3, 4, 5, 6, 7),
+        [1, 2, None],
+        {"a": 1, "b": None},
+        (7, "x"),
+        [("k1", [1.0, None]), None],
     )
     edges = (
-        2, 127, 32767, 2**31 - 1, 2**63 - 1, float("inf"), float("nan"), decimal.Decimal("-0.0000000001"),
-        "", b"", False, dt.date(2262, 4, 11), ts, dt.datetime(1900, 1, 1), [], {}, (None, None), [],
+        2,
+        127,
+        32767,
+        2**31 - 1,
+        2**63 - 1,
+        float("inf"),
+        float("nan"),
+        decimal.Decimal("-0.0000000001"),
+        "",
+        b"",
+        False,
+        dt.date(2262, 4, 11),
+        ts,
+        dt.datetime(1900, 1, 1),
+        [],
+        {},
+        (None, None),
+        [],
     )
     nulls: tuple[Any, ...] = (3, *([None] * 17))
     return [full, edges, nulls]
@@ -189,7 +234,9 @@ def test_many_small_splits_and_a_few_large_ones(spark: Any, service: ServiceProc
     assert_df_equality(got_few, few, ignore_row_order=True)
 
 
-def test_a_task_that_fails_leaves_the_dataset_unchanged(spark: Any, service: ServiceProcess) -> None:
+def test_a_task_that_fails_leaves_the_dataset_unchanged(
+    spark: Any, service: ServiceProcess
+) -> None:
     write(numbers(spark, 10), service, "atomic", mode="overwrite")
     before = service.client().describe("atomic")
 
@@ -237,15 +284,17 @@ def test_service_down_names_the_url(spark: Any) -> None:
         ).option("retries", "0").load("anything").count()
 
 
-def test_each_error_is_its_own_clear_error(spark: Any, service: ServiceProcess, secured_service: ServiceProcess) -> None:
-    with pytest.raises(Exception, match="DatasetNotFound|does not exist"):
+def test_each_error_is_its_own_clear_error(
+    spark: Any, service: ServiceProcess, secured_service: ServiceProcess
+) -> None:
+    with pytest.raises(Exception, match=r"DatasetNotFound|does not exist"):
         read(spark, service, "no_such_dataset").count()
     write(numbers(spark, 3), service, "strict", mode="overwrite")
     mismatched = spark.range(3).selectExpr("cast(id as string) as id")
-    with pytest.raises(Exception, match="SchemaMismatch|schema"):
+    with pytest.raises(Exception, match=r"SchemaMismatch|schema"):
         write(mismatched, service, "strict")
     wrong = {**secured_service.options, "token": "wrong"}
-    with pytest.raises(Exception, match="Unauthenticated|token"):
+    with pytest.raises(Exception, match=r"Unauthenticated|token"):
         spark.read.format("aqueduct").options(**wrong).load("x").count()
     with pytest.raises(Exception, match="unknown option 'splitsize2'"):
         read(spark, service, "strict", splitSize2="1").count()

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--min-time", type=float, default=0.1, help="seconds per sample (default 0.1)"
     )
+    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
 
     payload = os.urandom(args.size)
@@ -128,6 +129,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'-' * width}  {'-' * 7}  {'-' * 7}")
     for name, gbps in results:
         print(f"{name:<{width}}  {gbps:7.2f}  {gbps / reference:7.2f}")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "payload_bytes": args.size,
+                    "results": {n: {"GBps": g, "vs_copy": g / reference} for n, g in results},
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

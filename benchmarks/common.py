@@ -1,0 +1,113 @@
+"""Shared pieces of the benchmark scripts: test data, a minimal Arrow Flight server over a
+Delta table (the baseline), timing and reporting helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import importlib.metadata as md
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "-"
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **{
+            pkg: version(pkg)
+            for pkg in ("aioquic", "qh3", "pyarrow", "deltalake", "pyspark", "uvloop")
+        },
+    }
+
+
+def sample_table(rows: int, start: int = 0) -> pa.Table:
+    """int64, double, string, timestamp: the columns the issues benchmark with."""
+    ids = (
+        pa.array(range(start, start + rows), pa.int64())
+        if rows < 1000
+        else pa.array(__import__("numpy").arange(start, start + rows, dtype="int64"))
+    )
+    return pa.table(
+        {
+            "id": ids,
+            "x": pc.multiply(ids.cast(pa.float64()), 0.5),
+            "s": pc.binary_join_element_wise("row-", pc.cast(ids, pa.string()), ""),
+            "ts": pc.cast(pc.add(ids, 1_700_000_000_000_000), pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def median_time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2, default=str))
+
+
+def spawn(
+    args: list[str], ready: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start a helper process and wait for its line starting with ``ready``."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{args} exited with {proc.wait()}")
+        if line.startswith(ready):
+            return proc, line[len(ready) :].strip()
+    proc.kill()
+    raise RuntimeError(f"{args} not ready in time")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

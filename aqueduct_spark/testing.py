@@ -63,18 +63,17 @@ class ServiceProcess:
             self.proc.stdout.close()
 
 
-def start_service(root: Path, *, token: str | None = None, port: int = 0) -> ServiceProcess:
-    """Run ``aqueduct serve`` and wait for its ready line."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "aqueduct_spark.service.cli",
-        "serve",
-        "--root",
-        str(root),
-        "--port",
-        str(port),
-    ]
+def start_service(
+    root: Path,
+    *,
+    token: str | None = None,
+    port: int = 0,
+    workers: int = 1,
+    backend: str = "auto",
+) -> ServiceProcess:
+    """Run ``aqueduct serve`` on loopback and wait for its ready line."""
+    cmd = [sys.executable, "-m", "aqueduct_spark.service.cli", "serve", "--root", str(root)]
+    cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend]
     if token:
         cmd += ["--token", token]
     proc = subprocess.Popen(

@@ -318,7 +318,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "root": root,
     }
     if args.workers <= 1:
-        asyncio.run(_serve_forever(spec, banner))
+        _run(_serve_forever(spec, banner))
         return 0
     ctx = multiprocessing.get_context("spawn")  # deltalake must not be used across fork
     procs = [ctx.Process(target=_worker, args=(spec,), daemon=True) for _ in range(args.workers)]
@@ -361,7 +361,18 @@ def _worker(spec: dict[str, Any]) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("quic").setLevel(logging.WARNING)
-    asyncio.run(_serve_forever(spec, None))
+    _run(_serve_forever(spec, None))
+
+
+def _run(main: Any) -> None:
+    """Run the service on uvloop when it is installed (about 20-60% more throughput)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
 
 
 async def _serve_forever(spec: dict[str, Any], banner: dict[str, Any] | None) -> None:

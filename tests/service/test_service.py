@@ -15,6 +15,7 @@ import pytest
 from conftest import ServiceProcess
 from deltalake import DeltaTable
 
+from aqueduct_core.transport import TransportConfig
 from aqueduct_spark import protocol as P
 
 pytestmark = pytest.mark.quic
@@ -331,3 +332,21 @@ def test_push_notifications_arrive_after_commits(service: ServiceProcess) -> Non
 
 def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*.parquet")}
+
+
+def test_several_worker_processes_share_one_port(tmp_path: Path) -> None:
+    """--workers 2: two service processes on one UDP port (SO_REUSEPORT); every client is
+    served, and a write committed through one worker is read through any."""
+    from aqueduct_spark.testing import start_service
+
+    svc = start_service(tmp_path / "root", workers=2)
+    try:
+        writer = svc.client()
+        writer.overwrite("shared", table(1000))
+        clients = [svc.client(transport=TransportConfig(backend=b)) for b in ("aioquic", "qh3") * 3]
+        for c in clients:
+            assert c.read("shared").num_rows == 1000
+        for c in clients:
+            c.close()
+    finally:
+        svc.stop()

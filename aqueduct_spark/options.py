@@ -180,6 +180,8 @@ OPTIONS: tuple[Option, ...] = (
 
 _BY_KEY = {o.name.lower(): o for o in OPTIONS}
 _ALIASES = {"dataset": "path"}
+_SPARK_KEYS = {"checkpointlocation", "queryname"}
+"""Options Spark itself passes to streaming sinks: accepted and left to Spark."""
 
 
 def parse_duration(name: str, value: str) -> float:
@@ -301,6 +303,8 @@ def parse(raw: Mapping[str, str]) -> Options:
     given: dict[str, str] = {}
     for key, value in raw.items():
         k = _ALIASES.get(key.lower(), key.lower())
+        if k in _SPARK_KEYS:
+            continue
         if k not in _BY_KEY:
             close = [o.name for o in OPTIONS if o.name.lower().startswith(k[:4])]
             hint = f" Did you mean {', '.join(close)}?" if close else ""

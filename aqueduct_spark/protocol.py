@@ -308,8 +308,8 @@ def predicate_to_expression(pred: Any) -> pc.Expression:
     value = _scalar(value)
     if op == "<=>":  # null-safe equality
         return f.is_null() if value is None else (f == value) & f.is_valid()
-    if value is None:
-        return pc.scalar(False)  # comparisons with NULL are never true
+    if value is None:  # a comparison with NULL is unknown (not false: NOT must keep it out)
+        return pc.scalar(pa.scalar(None, pa.bool_()))
     if op == "==":
         return f == value
     if op == "!=":

@@ -214,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep files removed less than this long ago (default %(default)s = 7 days)",
     )
     vac.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    vac.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="object-store option passed to Delta Lake (repeatable)",
+    )
     return parser
 
 
@@ -321,9 +328,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _run(_serve_forever(spec, banner))
         return 0
     ctx = multiprocessing.get_context("spawn")  # deltalake must not be used across fork
-    procs = [ctx.Process(target=_worker, args=(spec,), daemon=True) for _ in range(args.workers)]
+    ready = [ctx.Event() for _ in range(args.workers)]
+    procs = [ctx.Process(target=_worker, args=(spec, ev), daemon=True) for ev in ready]
     for proc in procs:
         proc.start()
+    deadline = time.monotonic() + 60
+    while not all(ev.is_set() for ev in ready):  # announce only once every worker listens
+        if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
+            for proc in procs:
+                proc.terminate()
+            raise AqueductServeError("a service worker failed to start; see the log above")
+        time.sleep(0.05)
     _print_banner(banner)
     stop = {"now": False}
 
@@ -334,10 +349,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     while not stop["now"] and all(p.is_alive() for p in procs):
         time.sleep(0.5)
+    died = not stop["now"]
     for proc in procs:
         proc.terminate()
     for proc in procs:
         proc.join(10)
+    if died:
+        print(
+            "aqueduct serve: a worker process exited unexpectedly; stopped the others",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -356,12 +378,16 @@ def _print_banner(banner: dict[str, Any]) -> None:
     print("AQUEDUCT_READY " + json.dumps(banner), flush=True)
 
 
-def _worker(spec: dict[str, Any]) -> None:
+class AqueductServeError(AqueductError):
+    """``aqueduct serve`` could not start."""
+
+
+def _worker(spec: dict[str, Any], ready: Any) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("quic").setLevel(logging.WARNING)
-    _run(_serve_forever(spec, None))
+    _run(_serve_forever(spec, None, ready))
 
 
 def _run(main: Any) -> None:
@@ -375,7 +401,9 @@ def _run(main: Any) -> None:
         runner.run(main)
 
 
-async def _serve_forever(spec: dict[str, Any], banner: dict[str, Any] | None) -> None:
+async def _serve_forever(
+    spec: dict[str, Any], banner: dict[str, Any] | None, ready: Any = None
+) -> None:
     from aqueduct_spark.service.server import ServiceConfig, start
 
     config = ServiceConfig(
@@ -393,6 +421,8 @@ async def _serve_forever(spec: dict[str, Any], banner: dict[str, Any] | None) ->
     if banner is not None:
         banner = {**banner, "url": f"quic://{spec['host']}:{server.port}"}
         _print_banner(banner)
+    if ready is not None:
+        ready.set()
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -525,7 +555,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 (pf.schema_arrow, pf.metadata.num_rows, lambda pf=pf: pf.iter_batches(65536))
             )
         else:
-            reader = pcsv.open_csv(path)
+            delimiter = "\t" if path.lower().endswith(".tsv") else ","
+            reader = pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter))
             sources.append((reader.schema, None, lambda r=reader: iter(r)))
     schema = sources[0][0]
     total = sum(n for _, n, _ in sources) if all(n is not None for _, n, _ in sources) else None
@@ -557,6 +588,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     read = _read_args(args)
     plan = client.plan(args.dataset, **read)
     writer: Any = None
+    written = 0
     with tqdm(total=plan.rows, unit="rows", unit_scale=True, desc=f"export {args.dataset}") as bar:
         try:
             for split in plan.splits:
@@ -570,6 +602,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                             else pcsv.CSVWriter(args.file, plan.schema)
                         )
                     writer.write_batch(batch)
+                    written += batch.num_rows
                     bar.update(batch.num_rows)
             if writer is None:  # an empty dataset still gives a file with the schema
                 writer = (
@@ -580,7 +613,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         finally:
             if writer is not None:
                 writer.close()
-    print(f"{args.file}: {plan.rows:,} rows of {args.dataset} version {plan.version}")
+    print(f"{args.file}: {written:,} rows of {args.dataset} version {plan.version}")
     return 0
 
 
@@ -589,7 +622,8 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 
     from aqueduct_spark.service.store import Store
 
-    removed = Store(args.root).vacuum(
+    options = dict(kv.split("=", 1) for kv in args.storage_option)
+    removed = Store(args.root, options or None).vacuum(
         args.dataset, retention=timedelta(hours=args.retention_hours), dry_run=args.dry_run
     )
     verb = "would delete" if args.dry_run else "deleted"

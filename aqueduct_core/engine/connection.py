@@ -133,7 +133,7 @@ class Connection:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._handshake_complete = False
-        self._early: list[Callable[[], None]] = []
+        self._early: list[Callable[[], object]] = []
         self.closed = False
         self.got_ack_version = False
         self.sent_ack_version = False
@@ -179,6 +179,8 @@ class Connection:
 
     def events(self) -> list[Event]:
         """Take the application events produced so far, in order."""
+        if not self._events:
+            return []
         out = list(self._events)
         self._events.clear()
         return out
@@ -216,16 +218,21 @@ class Connection:
             replay()
         self._pump_all()
 
-    def stream_data(self, stream_id: int, data: Payload, fin: bool, now: float) -> None:
+    def stream_data(self, stream_id: int, data: Payload, fin: bool, now: float) -> bool:
+        """Bytes of a stream arrived. Returns False when they only extended the payload of a
+        MESSAGE still incomplete (no output, no timer changed: the caller may skip draining
+        the outputs), True otherwise."""
         if self.closed:
-            return
+            return False
         if not self._handshake_complete:
             # §2.11: act on nothing before the handshake completes (no 0-RTT).
             self._early.append(lambda: self.stream_data(stream_id, data, fin, self.now))
-            return
+            return True
         self.now = now
+        seq = self._in.get(stream_id)
+        if seq is not None and not fin and seq.parser is not None and seq.parser.absorb(data):
+            return False  # more payload of a large MESSAGE: no frame completed yet
         try:
-            seq = self._in.get(stream_id)
             if seq is None:
                 seq = self._in[stream_id] = _Seq(
                     StreamParser(self.config.limits, self.config.flow_window is not None)
@@ -239,6 +246,7 @@ class Connection:
             self._after_input()
         except RemoteProtocolError as exc:
             self._fail(exc)
+        return True
 
     def stream_reset(self, stream_id: int, now: float) -> None:
         """The peer reset a stream: a partial frame is dropped, earlier frames stand."""
@@ -586,6 +594,8 @@ class Connection:
 
     def _after_input(self) -> None:
         """Send ACK_VERSION and (server) CONNECTION_HEADERS, merged into one stream."""
+        if not self._need_ack_version and (self._sent_headers or self.side is Side.CLIENT):
+            return  # the handshake's answers went out already
         buf = bytearray()
         if self._need_ack_version:
             self._need_ack_version = False

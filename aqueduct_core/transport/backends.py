@@ -6,10 +6,12 @@ Neither library exposes everything Aqueduct needs, so a few hooks reach into the
   few for channels that each use a control stream) must be raised before the handshake;
 - a qh3 client advertises ``max_udp_payload_size = 1472`` whatever its configuration, so a
   qh3 server never sends it larger packets;
-- aioquic's pacer has no switch.
+- aioquic's pacer has no switch;
+- the adapter overrides ``QuicConnectionProtocol._process_events`` (called after every
+  datagram and timer) to hand the engine each batch of events at once.
 
 Each hook checks the internals it touches and raises :class:`BackendMismatch` naming the
-library version if they moved. ``tests/core/test_transport_hooks.py`` runs :func:`check`
+library version if they moved. ``tests/core/test_quic.py`` and ``tests/core/test_perf_paths.py`` run :func:`check`
 so an upgrade fails loudly in CI; the versions are pinned in ``pyproject.toml``.
 """
 
@@ -79,6 +81,12 @@ def load(name: str) -> Backend:
 def check(name: str) -> None:
     """Verify every private hook against the installed library (raises BackendMismatch)."""
     backend = load(name)
+    # The adapter drains the engine once per batch of events by overriding this method,
+    # which the library calls after each datagram and timer, before transmitting.
+    if not callable(getattr(backend.QuicConnectionProtocol, "_process_events", None)):
+        raise BackendMismatch(
+            f"{name} {backend.version}: QuicConnectionProtocol._process_events moved"
+        )
     if name == "aioquic":
         cfg = backend.QuicConfiguration(is_client=True)
         quic = backend.QuicConnection(configuration=cfg)

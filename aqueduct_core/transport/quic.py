@@ -7,6 +7,12 @@ commands into QUIC. Large writes are handed to the library a slice at a time (at
 its whole unacknowledged buffer on every ACK; the rest waits here and is topped up whenever
 the library transmits. Senders in the engine pause while more than ``send_budget`` bytes wait.
 
+Per packet, the adapter does as little as it can: the QUIC events of one datagram (or timer)
+reach the engine with one clock reading, and the engine's outputs are drained once after the
+batch, and only when an event did more than extend a MESSAGE payload (most packets of a large
+message); the library transmits after every batch anyway, so commands executed inside one
+schedule no transmit of their own.
+
 Stream ids come from the engine in QUIC order. A stream is opened in the library only within
 the peer's stream limit and strictly in increasing order (aioquic refuses a lower, unused id
 once a higher one was used; qh3 raises beyond the limit instead of queueing).
@@ -39,6 +45,9 @@ log = logging.getLogger("aqueduct.transport")
 
 DATAGRAM_HEADROOM = 40
 """Bytes kept free in a packet around a DATAGRAM frame (measured overhead: 30-32)."""
+TINY_WRITE = 4096
+"""Writes up to this size (frame heads, control frames) go to the library at once, whatever
+the stream's backlog; larger ones only within ``stream_high_water``."""
 
 _classes: dict[str, type] = {}
 
@@ -57,6 +66,7 @@ def protocol_class(backend: Backend) -> type:
 
 def _build(backend: Backend) -> type:
     ev = backend.events
+    stream_data_received = ev.StreamDataReceived
     is_aioquic = backend.name == "aioquic"
     base: Any = backend.QuicConnectionProtocol
     # What a library raises when asked to write on a stream or connection that is gone.
@@ -97,8 +107,14 @@ def _build(backend: Backend) -> type:
             """Commands for streams the peer's stream limit does not let us open yet."""
             self._opened = -1
             self._fed: set[int] = set()
+            """Streams whose bytes may still be in the library (their backlog is reported)."""
             self._soon: asyncio.Handle | None = None
             self._terminated = False
+            self._now: float | None = None
+            """The time of the batch of QUIC events being processed (None outside one):
+            a transmit follows every batch, so commands need no transmit of their own."""
+            self._dirty = False
+            """The batch gave the engine more than payload bytes: drain its outputs."""
 
         # -- engine commands (the Driver protocol) --------------------------------------
 
@@ -115,7 +131,8 @@ def _build(backend: Backend) -> type:
                     self._datagram(cmd.data)  # type: ignore[union-attr, arg-type]
                 elif kind is CloseConnection:
                     self._quic.close(error_code=cmd.code, reason_phrase=cmd.reason)  # type: ignore[union-attr]
-            self._transmit_soon()
+            if self._now is None:
+                self._transmit_soon()
 
         def abort(self) -> None:
             """The engine ended: send the close now (sendto hands it to the kernel at once),
@@ -142,7 +159,12 @@ def _build(backend: Backend) -> type:
                 return
             data, fin = cmd.data, cmd.fin  # type: ignore[union-attr]
             queue = self._pending.get(sid)
-            if queue is None and len(data) <= self.config.stream_high_water:
+            if queue is None and (
+                len(data) <= TINY_WRITE
+                or len(data) <= self.config.stream_high_water - self._backlog(sid)
+            ):
+                # Counting what the library still holds of the stream: a message no larger
+                # than the high water used to go in whole, up to the whole send budget.
                 self._send(sid, data, fin)
                 return
             if queue is None:
@@ -160,10 +182,12 @@ def _build(backend: Backend) -> type:
                 log.debug("write on stream %d dropped: %s", sid, exc)
             self._fed.add(sid)
 
-        def _feed(self, sid: int) -> None:
-            """Hand the library up to ``stream_high_water`` bytes of stream ``sid``."""
+        def _feed(self, sid: int) -> int:
+            """Hand the library up to ``stream_high_water`` bytes of stream ``sid``; returns
+            what the library then holds of it."""
             queue = self._pending.get(sid)
-            room = self.config.stream_high_water - self._backlog(sid)
+            held = self._backlog(sid)
+            room = self.config.stream_high_water - held
             while queue and room > 0:
                 view, fin = queue[0]
                 if len(view) <= room:
@@ -175,9 +199,11 @@ def _build(backend: Backend) -> type:
                     self._send(sid, view[:room], False)
                     sent = room
                 room -= sent
+                held += sent
                 self._pending_bytes -= sent
             if queue is not None and not queue:
                 del self._pending[sid]
+            return held
 
         def _backlog(self, sid: int) -> int:
             quic = self._quic
@@ -246,8 +272,10 @@ def _build(backend: Backend) -> type:
             while self._waiting and self._may_open(self._waiting[0][0]):
                 sid, cmd = self._waiting.popleft()
                 self._apply(sid, cmd)
-            for sid in list(self._pending):
-                self._feed(sid)
+            held = 0
+            if self._pending:
+                for sid in list(self._pending):
+                    held += self._feed(sid)
             try:
                 super().transmit()
             except backend.QuicConnectionError as exc:
@@ -261,31 +289,66 @@ def _build(backend: Backend) -> type:
                 if self._timer is None and timer_at is not None:
                     self._timer = self._loop.call_at(timer_at, self._handle_timer)
                 self._timer_at = timer_at
-            self._report_backlog()
+            self._report_backlog(held)
 
-        def _report_backlog(self) -> None:
+        def _report_backlog(self, held: int = 0) -> None:
+            """Tell the engine how many bytes wait to be sent (senders pause above
+            ``send_budget``; ``Connection.memory()`` shows them). ``held``: what the library
+            held, before this transmit, of the streams the adapter still queues for."""
+            engine = self.engine
+            fed = self._fed
+            if not fed and not self._pending_bytes and not engine.tx_backlog:
+                return  # nothing was written since the backlog was last reported empty
             library = 0
-            for sid in list(self._fed):
-                n = self._backlog(sid)
-                if n:
-                    library += n
-                elif sid not in self._pending:
-                    self._fed.discard(sid)
-            if self.engine.set_transport_backlog(
-                self._pending_bytes + library, self.config.send_budget
-            ):
+            if self._pending_bytes:
+                # Mid-transfer: the adapter's own queue dominates, and asking the library
+                # on every packet costs as much as feeding it (qh3: a call into the core).
+                # ``held`` is an upper bound of what the library holds of those streams.
+                library = held
+            elif not is_aioquic:
+                # qh3 totals every stream's unsent bytes in one call.
+                library = int(self._quic.get_send_buffer_size())
+                if not library:
+                    fed.clear()
+            elif fed:
+                drained = []
+                for sid in fed:
+                    n = self._backlog(sid)
+                    if n:
+                        library += n
+                    elif sid not in self._pending:
+                        drained.append(sid)
+                if drained:
+                    fed.difference_update(drained)
+            if engine.set_transport_backlog(self._pending_bytes + library, self.config.send_budget):
                 self.conn._flush()
+
+        def _process_events(self) -> None:
+            """Every batch of QUIC events (a datagram, a timer) reaches the engine with one
+            clock reading and is followed by one flush; the library transmits after it."""
+            self._now = self._loop.time()
+            self._dirty = False
+            try:
+                super()._process_events()
+                if self._dirty:
+                    self._update_rtt()
+                    self.conn._flush()
+            finally:
+                self._now = None
 
         def quic_event_received(self, event: Any) -> None:
             engine = self.engine
-            now = self._loop.time()
+            now = self._now
+            batched = now is not None
+            if now is None:
+                now = self._loop.time()
             kind = type(event)
-            if kind is ev.StreamDataReceived:
+            if kind is stream_data_received:
                 if event.stream_id % 4 < 2 and not self._terminated:
                     # Aqueduct uses unidirectional streams only (profile 1.2).
                     engine.close(now, CloseCode.PROTOCOL_VIOLATION, "bidirectional stream")
-                else:
-                    engine.stream_data(event.stream_id, event.data, event.end_stream, now)
+                elif not engine.stream_data(event.stream_id, event.data, event.end_stream, now):
+                    return  # payload only: the engine has nothing new to say
             elif kind is ev.DatagramFrameReceived:
                 engine.datagram_received(event.data, now)
             elif kind is ev.StreamReset:
@@ -302,8 +365,10 @@ def _build(backend: Backend) -> type:
                 self._apply(event.stream_id, ResetStream(event.stream_id))
             else:
                 return
-            self._update_rtt()
-            self.conn._flush()
+            self._dirty = True
+            if not batched:
+                self._update_rtt()
+                self.conn._flush()
 
         def _handshake_completed(self, now: float) -> None:
             if self.pin is not None and is_aioquic:

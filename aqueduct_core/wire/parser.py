@@ -29,6 +29,14 @@ from aqueduct_core.wire.primitives import DEFAULT_LIMITS, Truncated, WireLimits
 _Chunk = bytes | bytearray | memoryview
 
 
+def _keepable(chunk: _Chunk) -> _Chunk:
+    """``chunk``, or a copy of it if it may change: a caller may reuse a bytearray receive
+    buffer, which would corrupt (or, being exported, refuse to resize) it."""
+    if type(chunk) is bytes or (type(chunk) is memoryview and type(chunk.obj) is bytes):
+        return chunk
+    return bytes(chunk)
+
+
 class _Grammar:
     """Tracks one frame sequence's position in the grammar."""
 
@@ -90,15 +98,24 @@ class StreamParser:
         """True when bytes of an incomplete frame are buffered."""
         return bool(self._buf) or self._head is not None
 
+    def absorb(self, data: _Chunk) -> bool:
+        """Take ``data`` if it is all payload of the MESSAGE being gathered and does not
+        complete it (the common case for a large message: most packets). Returns False,
+        taking nothing, otherwise; then :meth:`feed` must be called."""
+        if self._head is None or len(data) >= self._need:
+            return False
+        self._chunks.append(_keepable(data))
+        self._need -= len(data)
+        return True
+
     def feed(self, data: _Chunk) -> list[Frame]:
+        if self.absorb(data):
+            return []
         frames: list[Frame] = []
         view = memoryview(data)
         if self._head is not None:
             take = min(self._need, len(view))
-            # Keep a reference only to immutable chunks: a caller may reuse a bytearray
-            # receive buffer, which would corrupt (or, being exported, refuse to resize) it.
-            piece = view[:take]
-            self._chunks.append(piece if isinstance(view.obj, bytes) else bytes(piece))
+            self._chunks.append(_keepable(view[:take]))
             self._need -= take
             if self._need:
                 return frames

@@ -193,7 +193,9 @@ class Connection:
         self._flush()
 
     def _on_headers(self) -> None:
-        chosen = self.peer_header(CODEC_HEADER)
+        # The client takes the codec the server answered; the server, the one it chose.
+        headers = self.peer_headers if self.side is Side.CLIENT else self._engine.own_headers
+        chosen = next((v for k, v in headers if k == CODEC_HEADER), None)
         if chosen is not None:
             codec = self._codecs.get(chosen.decode("ascii", "replace"))
             if codec is not None:

@@ -91,7 +91,8 @@ class MemoryReport:
     received: dict[int, int]
     queued_to_send: dict[int, int]
     in_transport: int = 0
-    """Bytes handed to the transport and not yet sent (the adapter reports them)."""
+    """Bytes handed to the transport and not yet sent (with aioquic: not yet acknowledged),
+    as the adapter reports them."""
 
     @property
     def total(self) -> int:
@@ -414,6 +415,11 @@ class Connection:
         ep = self.endpoints.get(chanid)
         return None if ep is None else ep.terminal
 
+    @property
+    def own_headers(self) -> Headers:
+        """Our connection headers (for a server: once the client's headers were answered)."""
+        return self._own_headers
+
     def channel_headers(self, chanid: int) -> Headers:
         ep = self.endpoints.get(chanid)
         return () if ep is None else ep.headers
@@ -573,7 +579,12 @@ class Connection:
         if self.side is Side.SERVER:
             own = self._own_headers
             if self._server_headers is not None:
-                own = check_headers(self._server_headers(frame.headers), "server headers")
+                try:
+                    own = check_headers(self._server_headers(frame.headers), "server headers")
+                except Exception as exc:  # the application refused this client
+                    raise RemoteProtocolError(
+                        f"connection refused by the server: {exc}", CloseCode.INTERNAL
+                    ) from exc
             self._own_headers = self._with_flow(own)
             self.receivers[ENTRYPOINT] = ReceiverSM(self, ENTRYPOINT, False)
             self.endpoints[ENTRYPOINT] = Endpoint(ENTRYPOINT, False, True, held=True)

@@ -61,8 +61,6 @@ class TransportConfig:
     pacing: bool | None = None
     """aioquic only: False turns its pacer off (much faster on loopback, risky on real
     paths). None: off for loopback addresses, on otherwise. qh3 always paces."""
-    uvloop: bool | None = None
-    """Use uvloop for the event loops Aqueduct creates itself (None: when installed)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def with_(self, **changes: object) -> TransportConfig:

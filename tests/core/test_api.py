@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from aqueduct_core.api import channel, oneshot
+from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import (
     ChannelCancelled,
     ChannelClosed,
@@ -298,12 +299,14 @@ def test_connection_close_ends_every_handle(transport: str) -> None:
 
 
 def test_backpressure_bounded_sender_waits_for_the_consumer(transport: str) -> None:
+    window = 256 * 1024  # a window of one 200 kB message at a time
+
     async def scenario(pair: Any) -> None:
         tx, rx = channel()
         await pair.client.entrypoint.send({"in": rx})
         inbox = (await pair.entrypoint_receiver.recv())["in"]
         tx.ordered(maxsize=2)
-        payload = b"x" * 200_000  # the default window is 256 KiB: one message outstanding
+        payload = b"x" * 200_000  # one message outstanding at a time
 
         async def produce() -> int:
             sent = 0
@@ -317,11 +320,11 @@ def test_backpressure_bounded_sender_waits_for_the_consumer(transport: str) -> N
         await asyncio.sleep(0.05)
         assert not producer.done(), "send should wait while nothing is consumed"
         buffered = pair.server.memory().received.get(inbox._chanid, 0)
-        assert buffered <= 256 * 1024 + 200_100
+        assert buffered <= window + 200_100
         assert len([v async for v in inbox]) == 20
         assert await producer == 20
 
-    run(transport, scenario)
+    run(transport, scenario, config=EngineConfig(flow_window=window))
 
 
 def test_dropping_a_live_handle_cancels_it_with_a_warning(transport: str) -> None:
@@ -347,3 +350,73 @@ def test_entrypoint_end(transport: str) -> None:
             await pair.entrypoint_receiver.recv()
 
     run(transport, scenario)
+
+
+def test_a_server_hook_can_refuse_a_connection() -> None:
+    """Raising in the server's headers hook closes that connection with the reason; the
+    client's connect() says so (it does not time out)."""
+    from aqueduct_core.transport import ConnectError, TransportConfig, connect, serve
+
+    def hook(client_headers: Any) -> Any:
+        raise PermissionError("no token, no service")
+
+    async def handler(conn: Any, rx: Any) -> None:
+        raise AssertionError("never reached")
+
+    async def main() -> None:
+        server = await serve(handler, headers=hook, config=TransportConfig(handshake_timeout=5))
+        try:
+            with pytest.raises(ConnectError, match="no token, no service"):
+                await connect("127.0.0.1", server.port, tls=server.client_tls())
+        finally:
+            await server.close()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_both_sides_use_the_negotiated_codec(transport: str) -> None:
+    """A connection whose default codec is not CBOR: both ends encode and decode with it."""
+    import json
+
+    from aqueduct_core.api import CborCodec
+    from aqueduct_core.api.channel import Handle
+
+    class JsonCodec:
+        name = "json"
+
+        def encode(self, value: Any, attach: Any) -> bytes:
+            return json.dumps(value).encode()
+
+        def decode(self, payload: Any, detach: Any) -> Any:
+            return json.loads(bytes(payload))
+
+    codecs = {"json": JsonCodec(), "cbor": CborCodec((Handle,))}
+
+    async def scenario(pair: Any) -> None:
+        assert pair.client.codec == pair.server.codec == "json"
+        await pair.client.entrypoint.send({"hello": [1, 2]})
+        assert await pair.entrypoint_receiver.recv() == {"hello": [1, 2]}
+
+    if transport == "memory":
+        run(transport, scenario, codecs=codecs)
+    else:
+
+        async def main() -> None:
+            from aqueduct_core.transport import connect, serve
+
+            got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            async def handler(conn: Any, rx: Any) -> None:
+                got.set_result((conn.codec, await rx.recv()))
+                await rx.recv()  # until the client finishes
+
+            server = await serve(handler, codecs=codecs)
+            conn = await connect("127.0.0.1", server.port, tls=server.client_tls(), codecs=codecs)
+            assert conn.codec == "json"
+            await conn.entrypoint.send({"hello": [1, 2]})
+            assert await got == ("json", {"hello": [1, 2]})
+            conn.entrypoint.finish()
+            await conn.close()
+            await server.close()
+
+        asyncio.run(asyncio.wait_for(main(), 20))

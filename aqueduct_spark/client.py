@@ -179,6 +179,7 @@ class AsyncClient:
         self._endpoints = parse_url(config.url)
         self._conn: Connection | None = None
         self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def _connection(self) -> Connection:
         conn = self._conn
@@ -287,9 +288,12 @@ class AsyncClient:
     async def offsets(self, name: str, *, since_version: int | None = None) -> dict[str, Any]:
         return dict(await self.call("offsets", dataset=name, since_version=since_version))
 
-    async def changes(self, name: str, version: int) -> dict[str, Any]:
-        """The files ``version`` added (split dicts, in a stable order)."""
-        return dict(await self.call("changes", dataset=name, version=version))
+    async def changes(self, name: str, version: int, *, missing_ok: bool = False) -> dict[str, Any]:
+        """The files ``version`` added (split dicts, in a stable order). DataLoss if some are
+        gone (vacuumed); with ``missing_ok`` their paths are in ``missing`` instead."""
+        return dict(
+            await self.call("changes", dataset=name, version=version, missing_ok=missing_ok)
+        )
 
     async def subscribe(
         self,
@@ -298,17 +302,48 @@ class AsyncClient:
         on_state: Callable[[bool], None] = lambda alive: None,
     ) -> None:
         """Call ``on_version(v)`` with each newer version the service pushes, until
-        cancelled; reconnects with backoff. ``on_state`` says whether pushes are flowing."""
+        cancelled; reconnects with backoff. ``on_state`` says whether pushes are flowing.
+
+        The service re-sends the latest version as a heartbeat when nothing happened for a
+        while (it says how often in each note): a subscription that hears nothing for three
+        heartbeats is treated as dead (the service went away without a word, e.g. killed or
+        restarted) and reconnects over a new connection."""
         delay = self.config.retry_backoff
         while True:
+            alive = False
             try:
                 conn = await self._connection()
                 tx, rx = channel()
                 await conn.entrypoint.send({"op": "subscribe", "dataset": name, "out": tx})
+                silence: float | None = None  # until the first note says the heartbeat
                 try:
-                    async for note in rx:
+                    while True:
+                        try:
+                            delivery = await asyncio.wait_for(rx.recv_message(), silence)
+                        except TimeoutError:
+                            # The connection is dead (the service cannot say so: a restarted
+                            # one does not know it). Close it, so requests waiting on it fail
+                            # and retry now on a new one instead of at the idle timeout.
+                            log.info("subscription to %s went silent; reconnecting", name)
+                            if self._conn is conn:
+                                self._conn = None
+                            closing = asyncio.ensure_future(_close_quietly(conn))
+                            self._closing.add(closing)
+                            closing.add_done_callback(self._closing.discard)
+                            break
+                        except EndOfChannel:
+                            break
+                        error = P.find_header(delivery.headers, P.H_ERROR)
+                        if error is not None:
+                            raise P.error_from_wire(cbor2.loads(error))
+                        note = delivery.value
                         if isinstance(note, Mapping) and isinstance(note.get("version"), int):
-                            on_state(True)
+                            beat = note.get("heartbeat")
+                            if isinstance(beat, int | float) and beat > 0:
+                                silence = 3 * float(beat)
+                            if not alive:
+                                alive = True
+                                on_state(True)
                             on_version(note["version"])
                             delay = self.config.retry_backoff
                 finally:
@@ -316,10 +351,12 @@ class AsyncClient:
             except asyncio.CancelledError:
                 on_state(False)
                 raise
-            except AqueductError as exc:
+            except Exception as exc:  # anything else: report, back off, subscribe again
                 log.info("subscription to %s interrupted (%s); retrying", name, exc)
-            on_state(False)
-            self._conn = None if self._conn is not None and self._conn.is_closed else self._conn
+                if _is_connection_failure(exc):
+                    self._conn = None
+            if alive:
+                on_state(False)
             await asyncio.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 10.0)
 
@@ -604,6 +641,11 @@ class AsyncClient:
         return await self.write(name, data, mode="overwrite", **kw)
 
 
+async def _close_quietly(conn: Connection) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.close(), 5.0)
+
+
 async def _answer_or_none(answer: Any, timeout: float) -> Any:
     try:
         return await asyncio.wait_for(answer, timeout)
@@ -658,7 +700,10 @@ class _Portal:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
 
     @classmethod
     def get(cls) -> _Portal:
@@ -718,6 +763,10 @@ def _close_pool() -> None:
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(client.close(), portal.loop).result(5)
     _pool.clear()
+    # Stop the loop thread before the interpreter tears modules down under it (a daemon thread
+    # still running native code at exit can crash the process).
+    portal.loop.call_soon_threadsafe(portal.loop.stop)
+    portal.thread.join(5)
 
 
 class Client:
@@ -755,8 +804,8 @@ class Client:
     def offsets(self, name: str, **kw: Any) -> dict[str, Any]:
         return self._run(self._client.offsets(name, **kw))
 
-    def changes(self, name: str, version: int) -> dict[str, Any]:
-        return self._run(self._client.changes(name, version))
+    def changes(self, name: str, version: int, **kw: Any) -> dict[str, Any]:
+        return self._run(self._client.changes(name, version, **kw))
 
     def subscribe(
         self, name: str, on_version: Callable[[int], None], on_state: Callable[[bool], None]

@@ -2,22 +2,38 @@
 
 Offsets are positions in the dataset's history: ``{"version": v, "file": f}`` means every
 file added by versions below ``v`` is consumed, plus the first ``f`` files version ``v``
-added (a read limit may split a version between micro-batches). They are built with a
-fixed key order because Spark compares offsets as JSON text.
+added (a read limit may split a version between micro-batches). A position has one spelling
+only (a version read to its end is ``{"version": v + 1, "file": 0}``) and the keys are always
+in this order, because Spark compares offsets as JSON text.
 
-New versions are learned from a subscription channel on which the service pushes a
-notification per commit (demand-driven: the service sends the newest version when the
-reader is ready, never a backlog), with polling as the fallback; ``latestOffset`` then only
-reads local state. Everything an executor needs is inside each partition: this reader
-object lives in a long-running process on the driver and is never seen by executors.
+The files of a version are the ``add`` actions of its own commit, in path order: fixed once
+committed, so a micro-batch replayed after a failure reads exactly what it read before.
+Versions that only rewrite data (compaction, ``dataChange=false``) add nothing. A version
+that removes data (an overwrite) is not undone downstream: the files it adds are read like
+any others.
+
+New versions are learned from a subscription on which the service pushes the newest version
+after each commit (demand-driven: one note per change or heartbeat, never a backlog), with
+polling every ``pollInterval`` as the fallback while no subscription is alive; so
+``latestOffset`` usually reads only local state. This reader object lives in one long-running
+process on the driver host and is never seen by executors (their copy is pickled before the
+first trigger): everything a task needs is inside its partition.
+
+Progress metrics: ``reportLatestOffset`` returns the offset after the latest version, plus
+``latestVersion``, ``versionsBehind``, ``rowsBehind`` and ``bytesBehind`` (what is committed in
+the dataset but not yet in a planned micro-batch); Spark shows it as
+``query.lastProgress["sources"][0]["latestOffset"]``. (Python sources cannot report Spark
+custom metrics in 4.3.)
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -33,51 +49,102 @@ from pyspark.sql.types import StructType
 
 from aqueduct_spark import options as O
 from aqueduct_spark import protocol as P
-from aqueduct_spark.datasource import SplitPartition, _client, spark_to_arrow
+from aqueduct_spark.datasource import _client, spark_to_arrow
 
 log = logging.getLogger("aqueduct.stream")
 
+PREFETCH = 256
+"""Versions whose file lists a read limit may look ahead for, fetched together."""
+PREFETCH_THREADS = 8
+
+IDLE_WAIT = 0.1
+"""With push notifications flowing and nothing new, ``latestOffset`` waits up to this long
+for a notification before answering "no data": Spark then asks again, so the query wakes
+within a notification's latency without spinning."""
+
 
 def offset(version: int, file: int = 0) -> dict[str, int]:
+    """The one spelling of a position (fixed key order: Spark compares offsets as text)."""
     return {"version": int(version), "file": int(file)}
+
+
+class StreamPartition(InputPartition):
+    """Files of one micro-batch (whole files, possibly of several versions) for one task:
+    everything the executor needs to read them."""
+
+    def __init__(
+        self,
+        opts: O.Options,
+        splits: list[dict[str, Any]],
+        schema: bytes,
+        columns: tuple[str, ...],
+    ) -> None:
+        super().__init__([s.get("path") for s in splits])
+        self.opts = opts
+        self.splits = splits
+        self.schema = schema
+        """Arrow schema (IPC) the batches must have for Spark."""
+        self.columns = columns
 
 
 class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch source over a dataset's versions. Options: startingVersion,
     startingTimestamp, maxRowsPerTrigger, maxBytesPerTrigger, minRowsPerTrigger,
-    maxTriggerDelay, failOnDataLoss, pushNotifications, pollInterval."""
+    maxTriggerDelay, failOnDataLoss, pushNotifications, pollInterval (docs/spark-options.md)."""
 
     def __init__(self, opts: O.Options, schema: StructType) -> None:
         self.opts = opts
         self.schema = spark_to_arrow(schema)
-        self._client = _client(opts)
+        self._reset()
+
+    def _reset(self) -> None:
+        # Driver-side state. Spark pickles this reader for the executors (before the first
+        # trigger, from another process): none of it is needed there, and clients, threads
+        # and locks cannot be pickled, so __getstate__ leaves all of it out.
+        self._client_obj: Any = None
+        self._subscription: _Subscription | None = None
         self._target: int | None = None  # AvailableNow: never read past this version
         self._latest = -1
-        self._latest_checked = 0.0
-        self._files: dict[int, list[dict[str, Any]]] = {}
-        self._versions: dict[int, dict[str, Any]] = {}
+        self._latest_checked = float("-inf")
+        self._files: dict[int, tuple[list[dict[str, Any]], frozenset[str]] | None] = {}
         self._last_batch = time.monotonic()
-        self._subscription: _Subscription | None = None
-        if opts.push_notifications:
-            self._subscription = _Subscription(self._client, opts.dataset)
+        self._last_end: dict[str, int] | None = None
+        self._behind: tuple[tuple[int, int, int], dict[str, int]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "schema": self.schema}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    @property
+    def _client(self) -> Any:
+        if self._client_obj is None:
+            self._client_obj = _client(self.opts)
+        return self._client_obj
 
     # -- offsets ------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, int]:
+        """Where a query without a checkpoint starts (not called on restart)."""
         opts = self.opts
         if opts.starting_timestamp is not None:
-            versions = self._client.offsets(opts.dataset)["versions"]
-            for v in versions:
+            history = self._client.offsets(opts.dataset)
+            for v in history["versions"]:
                 if _as_time(v["timestamp"]) >= opts.starting_timestamp:
                     return offset(v["version"])
-            return offset(self._refresh(force=True) + 1)
+            return offset(int(history["latest"]) + 1)
         if opts.starting_version == "earliest":
-            return offset(0)
+            history = self._client.offsets(opts.dataset)
+            versions = [int(v["version"]) for v in history["versions"]]
+            return offset(min(versions) if versions else int(history["latest"]) + 1)
         if opts.starting_version == "latest":
             return offset(self._refresh(force=True) + 1)
         return offset(int(opts.starting_version))
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """AvailableNow: fix the target (everything committed now) before anything else."""
         self._target = self._refresh(force=True)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -88,41 +155,60 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        latest = self._refresh()
+        start = offset(start["version"], start["file"])
         if self._target is not None:
-            latest = min(latest, self._target)
-        version, file = int(start["version"]), int(start["file"])
-        max_rows = (
-            getattr(limit, "max_rows", None) if not isinstance(limit, ReadAllAvailable) else None
-        )
-        max_bytes = self.opts.max_bytes_per_trigger
-        if isinstance(limit, ReadMaxBytes):
-            max_bytes = limit.max_bytes
-        if isinstance(limit, ReadAllAvailable):
-            max_bytes = None
+            latest = self._target
+        else:
+            latest = self._refresh()
+            if start["version"] > latest and self._wait_for_news(latest):
+                latest = self._refresh()
+        end, rows = self._plan_end(start, latest, limit)
+        end = self._admit(start, end, rows)
+        self._last_end = end
+        return end
+
+    def _plan_end(
+        self, start: dict[str, int], latest: int, limit: ReadLimit
+    ) -> tuple[dict[str, int], int]:
+        """The furthest position within ``limit`` (whole files; at least one file)."""
+        max_rows = max_bytes = None
+        if not isinstance(limit, ReadAllAvailable):
+            if isinstance(limit, ReadMaxRows):
+                max_rows = limit.max_rows
+            elif isinstance(limit, ReadMaxBytes):
+                max_bytes = limit.max_bytes
+            # Both options together: Spark passes one limit; the source applies the other.
+            if max_rows is None:
+                max_rows = self.opts.max_rows_per_trigger
+            if max_bytes is None:
+                max_bytes = self.opts.max_bytes_per_trigger
+        if start["version"] > latest:
+            return start, 0
+        if max_rows is None and max_bytes is None and self.opts.min_rows_per_trigger is None:
+            return offset(latest + 1), 0  # no limit: no need to list the files here
         rows = size = 0
-        end_v, end_f = version, file
-        while end_v <= latest:
-            files = self._version_files(end_v)
-            if files is None:  # vacuumed: data loss
-                end_v, end_f = end_v + 1, 0
-                continue
-            while end_f < len(files):
-                f = files[end_f]
-                over = (max_rows is not None and rows + f["rows"] > max_rows) or (
-                    max_bytes is not None and size + f["bytes"] > max_bytes
+        v, f = start["version"], start["file"]
+        while v <= latest:
+            if v not in self._files:
+                self._prefetch(v, min(v + PREFETCH - 1, latest))
+            entry = self._version_files(v)
+            files = entry[0] if entry is not None else []
+            while f < len(files):
+                n, b = int(files[f]["rows"]), int(files[f]["bytes"])
+                over = (max_rows is not None and rows + n > max_rows) or (
+                    max_bytes is not None and size + b > max_bytes
                 )
                 if over and (rows or size):
-                    return self._admit(start, offset(end_v, end_f), rows)
-                rows, size, end_f = rows + f["rows"], size + f["bytes"], end_f + 1
-            end_v, end_f = end_v + 1, 0
-        return self._admit(start, offset(end_v, end_f), rows)
+                    return offset(v, f), rows
+                rows, size, f = rows + n, size + b, f + 1
+            v, f = v + 1, 0
+        return offset(v, f), rows
 
     def _admit(self, start: dict[str, int], end: dict[str, int], rows: int) -> dict[str, int]:
-        """minRowsPerTrigger: hold a small batch back until maxTriggerDelay passed."""
-        wanted = self.opts.min_rows_per_trigger
+        """minRowsPerTrigger: hold a small batch back until maxTriggerDelay has passed."""
         if end == start:
             return start
+        wanted = self.opts.min_rows_per_trigger
         if (
             wanted is not None
             and self._target is None
@@ -134,107 +220,226 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        latest = self._refresh()
-        return offset(latest + 1)
+        """The position after the latest version, and how far the query is behind it."""
+        latest = self._latest
+        end = self._last_end
+        out: dict[str, Any] = offset(latest + 1)
+        out["latestVersion"] = latest
+        if end is None:
+            return out
+        key = (end["version"], end["file"], latest)
+        if self._behind is None or self._behind[0] != key:
+            self._behind = (key, self._measure_behind(end, latest))
+        out.update(self._behind[1])
+        return out
+
+    def _measure_behind(self, end: dict[str, int], latest: int) -> dict[str, int]:
+        if end["version"] > latest:
+            return {"versionsBehind": 0, "rowsBehind": 0, "bytesBehind": 0}
+        try:
+            history = self._client.offsets(self.opts.dataset, since_version=end["version"])
+        except Exception as exc:  # metrics never fail the query
+            log.info("cannot measure the backlog of %s: %s", self.opts.dataset, exc)
+            return {}
+        versions = rows = size = 0
+        for h in history["versions"]:
+            v = int(h["version"])
+            if v > latest:
+                continue
+            r, b = int(h["rows"]), int(h["bytes"])
+            if v == end["version"] and end["file"]:
+                entry = self._files.get(v)
+                if entry is not None:
+                    done = entry[0][: end["file"]]
+                    r -= sum(int(x["rows"]) for x in done)
+                    b -= sum(int(x["bytes"]) for x in done)
+            if r > 0 or b > 0:
+                versions += 1
+            rows, size = rows + max(r, 0), size + max(b, 0)
+        return {"versionsBehind": versions, "rowsBehind": rows, "bytesBehind": size}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        """The files between two positions, packed into tasks of about splitSize bytes."""
         schema = P.schema_to_bytes(self.schema)
-        out: list[InputPartition] = []
+        columns = tuple(self.schema.names)
+        chosen: list[dict[str, Any]] = []
         v, f = int(start["version"]), int(start["file"])
         end_v, end_f = int(end["version"]), int(end["file"])
+        self._prefetch(v, end_v if end_f else end_v - 1)
         while (v, f) < (end_v, end_f):
-            files = self._version_files(v)
-            if files is None:
-                v, f = v + 1, 0
-                continue
-            stop = end_f if v == end_v else len(files)
-            for split in files[f:stop]:
-                out.append(SplitPartition(self.opts, split, schema, tuple(self.schema.names), None))
+            entry = self._version_files(v)
+            if entry is not None:
+                files, missing = entry
+                stop = end_f if v == end_v else len(files)
+                for split in files[f:stop]:
+                    if split["path"] in missing:
+                        log.warning(
+                            "skipping vacuumed file %s of %s version %d (failOnDataLoss=false)",
+                            split["path"],
+                            self.opts.dataset,
+                            v,
+                        )
+                    else:
+                        chosen.append(split)
             v, f = v + 1, 0
+        out: list[InputPartition] = []
+        group: list[dict[str, Any]] = []
+        size = 0
+        for split in chosen:
+            if group and size + int(split["bytes"]) > self.opts.split_size:
+                out.append(StreamPartition(self.opts, group, schema, columns))
+                group, size = [], 0
+            group.append(split)
+            size += int(split["bytes"])
+        if group:
+            out.append(StreamPartition(self.opts, group, schema, columns))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, SplitPartition):
-            return
-        client = _client(partition.opts)
-        yield from client.scan(
-            partition.split,
-            schema=P.schema_from_bytes(partition.schema),
-            columns=list(partition.columns),
-            batch_rows=partition.opts.batch_rows,
-        )
+        """On an executor: stream the partition's files, cast to Spark's schema."""
+        if not isinstance(partition, StreamPartition):
+            return  # Spark reads an empty micro-batch as one partition of None
+        opts = partition.opts
+        client = _client(opts)
+        schema = P.schema_from_bytes(partition.schema)
+        for split in partition.splits:
+            try:
+                yield from client.scan(
+                    split,
+                    schema=schema,
+                    columns=list(partition.columns),
+                    batch_rows=opts.batch_rows,
+                )
+            except P.DataLoss:
+                if opts.fail_on_data_loss:
+                    raise
+                log.warning(
+                    "file %s of %s vanished before it was read; skipped (failOnDataLoss=false)",
+                    split.get("path"),
+                    opts.dataset,
+                )
 
     def commit(self, end: dict[str, int]) -> None:
-        # Forget file lists of versions wholly behind the committed offset.
+        # Spark never asks for positions before a committed one again: forget their files.
         for v in [v for v in self._files if v < int(end["version"])]:
             del self._files[v]
 
     def stop(self) -> None:
+        # Spark 4.3 does not call this (its runner is killed with SIGTERM): nothing here may
+        # be needed for correctness. The subscription ends with the process.
         if self._subscription is not None:
             self._subscription.close()
+            self._subscription = None
 
     # -- learning about versions --------------------------------------------------------
 
+    def _subscribed(self) -> _Subscription | None:
+        if self._subscription is None and self.opts.push_notifications and self._target is None:
+            self._subscription = _Subscription(self._client, self.opts.dataset)
+        return self._subscription
+
     def _refresh(self, force: bool = False) -> int:
-        sub = self._subscription
+        """The latest version: pushed, or polled every pollInterval while push is down."""
+        sub = self._subscribed()
         if sub is not None and sub.alive and not force:
-            if sub.latest > self._latest:
-                self._latest = sub.latest
+            self._latest = max(self._latest, sub.latest)
             return self._latest
         now = time.monotonic()
         if force or now - self._latest_checked >= self.opts.poll_interval:
-            self._latest = self._client.offsets(self.opts.dataset, since_version=self._latest + 1)[
-                "latest"
-            ]
+            found = int(
+                self._client.offsets(self.opts.dataset, since_version=self._latest + 1)["latest"]
+            )
+            self._latest = max(self._latest, found)
             self._latest_checked = now
         return self._latest
 
-    def _version_files(self, version: int) -> list[dict[str, Any]] | None:
-        files = self._files.get(version)
-        if files is not None:
-            return files
+    def _wait_for_news(self, latest: int) -> bool:
+        """Wait briefly for a pushed version newer than ``latest`` (only while push works)."""
+        sub = self._subscription
+        if sub is None or not sub.alive:
+            return False
+        return sub.wait_newer(latest, IDLE_WAIT)
+
+    def _prefetch(self, first: int, last: int) -> None:
+        """List the files of versions ``first..last`` not known yet, several at a time (a
+        backlog of many small versions would otherwise cost one round trip each)."""
+        todo = [v for v in range(first, last + 1) if v not in self._files]
+        if len(todo) > 1:
+            with ThreadPoolExecutor(min(PREFETCH_THREADS, len(todo))) as pool:
+                list(pool.map(self._version_files, todo))
+
+    def _version_files(self, version: int) -> tuple[list[dict[str, Any]], frozenset[str]] | None:
+        """The files ``version`` added and those of them already vacuumed; None when the
+        whole version is gone and failOnDataLoss is false."""
+        if version in self._files:
+            return self._files[version]
+        dataset = self.opts.dataset
+        entry: tuple[list[dict[str, Any]], frozenset[str]] | None
         try:
-            result = self._client.changes(self.opts.dataset, version)
-        except P.DataLoss:
+            if self.opts.fail_on_data_loss:
+                result = self._client.changes(dataset, version)
+            else:
+                result = self._client.changes(dataset, version, missing_ok=True)
+            entry = (list(result["files"]), frozenset(result.get("missing") or ()))
+        except P.DataLoss as exc:
             if self.opts.fail_on_data_loss:
                 raise P.DataLoss(
-                    f"version {version} of dataset {self.opts.dataset!r} is no longer available "
-                    "(vacuumed). Restart from a newer version, or set failOnDataLoss=false to "
-                    "skip what is gone."
+                    f"the stream from dataset {dataset!r} needs version {version}, which is "
+                    f"no longer available ({exc}). The data between the checkpoint and the "
+                    "oldest available version is lost: set failOnDataLoss=false to skip it, "
+                    "or start a new query (new checkpoint) from a version that exists."
                 ) from None
             log.warning(
-                "version %d of %s is gone; skipping it (failOnDataLoss=false)",
-                version,
-                self.opts.dataset,
+                "version %d of %s is gone; skipping it (failOnDataLoss=false)", version, dataset
             )
-            return None
-        files = self._files[version] = result["files"]
-        return files
+            entry = None
+        if entry is not None and entry[1]:
+            log.warning(
+                "%d files of %s version %d were vacuumed; they will be skipped "
+                "(failOnDataLoss=false)",
+                len(entry[1]),
+                dataset,
+                version,
+            )
+        self._files[version] = entry
+        return entry
 
 
-def _as_time(value: Any) -> Any:
-    import datetime as dt
-
+def _as_time(value: Any) -> dt.datetime:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
     return dt.datetime.fromtimestamp(float(value) / 1000, dt.UTC)
 
 
 class _Subscription:
-    """Keeps ``latest`` current from the service's push channel, on the client's loop."""
+    """Keeps ``latest`` current from the service's push channel (callbacks run on the
+    client's loop thread)."""
 
     def __init__(self, client: Any, dataset: str) -> None:
         self.latest = -1
         self.alive = False
-        self._stop = threading.Event()
+        self._cond = threading.Condition()
         self._future = client.subscribe(dataset, self._on_version, self._on_state)
 
     def _on_version(self, version: int) -> None:
-        if version > self.latest:
-            self.latest = version
+        with self._cond:
+            if version > self.latest:
+                self.latest = version
+                self._cond.notify_all()
 
     def _on_state(self, alive: bool) -> None:
-        self.alive = alive
+        with self._cond:
+            self.alive = alive
+            self._cond.notify_all()
+
+    def wait_newer(self, than: int, timeout: float) -> bool:
+        """Wait until a version above ``than`` is known (or push stops); True if one is."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.latest > than or not self.alive, timeout)
+            return self.latest > than
 
     def close(self) -> None:
         self._future.cancel()

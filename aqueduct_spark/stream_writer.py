@@ -1,14 +1,23 @@
 """Structured Streaming sink: ``writeStream.format("aqueduct")``, exactly once.
 
 Each micro-batch is staged by its tasks and committed by the driver in one Delta commit
-keyed by (query id, batch id): a batch replayed after a failure (same batch id) finds its
-key already committed and changes nothing. Spark rebuilds the writer for every micro-batch
-and again for the commit, so the commit messages carry everything the commit needs.
-Append mode appends; complete mode overwrites the dataset with each batch.
+that records the Delta app transaction ``(app_id="spark-query-<query id>", version=<batch
+id>)``. A batch replayed after a failure keeps its batch id, finds it already recorded and
+commits nothing (its staged files are removed). The query id is the one Spark keeps in the
+checkpoint (stable across restarts, unlike the run id); tasks read it, and the batch id, from
+the local properties Spark's stream execution sets (``sql.streaming.queryId``,
+``streaming.sql.batchId``) and carry them to the commit in their messages.
+
+Spark builds the writer for every micro-batch on the planner (one transaction per batch:
+it checks the schema before any task runs) and builds it again, fresh, for the commit, so
+the commit uses only what the messages carry. Append mode appends (an empty batch commits
+nothing); complete mode overwrites the dataset with each batch's result.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -21,60 +30,119 @@ from pyspark.sql.types import StructType
 from aqueduct_spark import options as O
 from aqueduct_spark.datasource import _client, spark_to_arrow
 
+log = logging.getLogger("aqueduct.stream")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+def app_id(query_id: str) -> str:
+    """The Delta app transaction id of a streaming query's commits."""
+    return f"spark-query-{query_id}"
+
 
 @dataclass
 class StreamStaged(WriterCommitMessage):
+    """What one task staged, and everything the (rebuilt) committing writer needs."""
+
     staged: dict[str, Any]
-    txn: str
-    """The transaction the task staged under (the commit runs on a rebuilt writer)."""
+    txn: Any
+    """The :class:`~aqueduct_spark.client.Transaction` the task staged under."""
     query_id: str | None
     batch_id: int | None
+    attempt: int
 
 
 class AqueductStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: O.Options, schema: StructType, overwrite: bool) -> None:
         self.opts = opts
         self.mode = "overwrite" if overwrite else "append"
-        self.txn = _client(opts).begin(
-            opts.dataset,
-            spark_to_arrow(schema),
-            mode=self.mode,
-            partition_by=opts.partition_by,
-            overwrite_schema=overwrite,
-        )
+        self.txn: Any = None
+        if not _in_commit_worker():
+            # The planner's writer (pickled to the tasks). The commit's writer needs no
+            # transaction of its own: the messages carry the tasks' one.
+            self.txn = _client(opts).begin(
+                opts.dataset,
+                spark_to_arrow(schema),
+                mode=self.mode,
+                partition_by=opts.partition_by,
+                overwrite_schema=overwrite or opts.overwrite_schema,
+            )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamStaged:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         query_id = batch_id = None
+        attempt = 0
         task = uuid.uuid4().hex[:8]
         if ctx is not None:
-            query_id = ctx.getLocalProperty("sql.streaming.queryId")
-            raw = ctx.getLocalProperty("streaming.sql.batchId")
-            batch_id = int(raw) if raw is not None else None
-            task = f"p{ctx.partitionId()}-a{ctx.attemptNumber()}-{task}"
+            query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or None
+            raw = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+            batch_id = int(raw) if raw else None
+            attempt = ctx.attemptNumber()
+            task = f"b{batch_id}-p{ctx.partitionId()}-a{attempt}-{task}"
         staged = _client(self.opts).write_task(self.txn, iterator, task=task)
-        return StreamStaged(staged, self.txn.txn, query_id, batch_id)
+        return StreamStaged(staged, self.txn, query_id, batch_id, attempt)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, StreamStaged)]
-        query_ids = {m.query_id for m in done if m.query_id}
+        if not done:
+            return
+        txn = done[0].txn
+        query_ids = {m.query_id for m in done}
+        if len(query_ids) != 1 or None in query_ids:
+            # Not seen with Spark 4.3; without the key a replayed batch would be written twice.
+            raise RuntimeError(
+                f"aqueduct sink: cannot tell which streaming query wrote batch {batchId} "
+                f"(task property {QUERY_ID_PROPERTY!r} gave {sorted(map(str, query_ids))}); "
+                "refusing to commit without an idempotency key"
+            )
+        stray = {m.batch_id for m in done} - {batchId}
+        if stray:
+            log.warning("tasks of batch %d reported batch ids %s", batchId, sorted(map(str, stray)))
+        (query_id,) = query_ids
         client = _client(self.opts)
-        app_id = f"spark-query-{query_ids.pop()}" if len(query_ids) == 1 else None
-        client.commit(
-            self.txn,
-            [m.staged for m in done],
-            app_id=app_id,
-            app_version=batchId if app_id else None,
-            overwrite_schema=self.mode == "overwrite",
-        )
-        # Failed task attempts staged files no commit references: remove them.
-        for txn in {m.txn for m in done}:
-            client.abort(replace(self.txn, txn=txn), [])
+        rows = sum(int(m.staged.get("rows", 0)) for m in done)
+        files = sum(len(m.staged.get("staged", ())) for m in done)
+        committed = True
+        if files or rows or self.mode == "overwrite":
+            result = client.commit(
+                txn,
+                [m.staged for m in done],
+                app_id=app_id(str(query_id)),
+                app_version=int(batchId),
+                overwrite_schema=self.mode == "overwrite" or self.opts.overwrite_schema,
+            )
+            committed = bool(result.get("committed"))
+            if not committed:
+                log.info(
+                    "batch %d of query %s is already in %s: replay ignored",
+                    batchId,
+                    query_id,
+                    self.opts.dataset,
+                )
+        # Remove staged files no commit references: those of a replayed batch, and of task
+        # attempts that failed (retried tasks have attempt > 0).
+        if not committed or any(m.attempt > 0 for m in done):
+            for name in sorted({m.txn.txn for m in done}):
+                client.abort(replace(txn, txn=name), [])
 
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, StreamStaged)]
+        if not done:
+            return  # nothing known; staged files of failed tasks go with cleanup_orphans
         client = _client(self.opts)
-        for txn in {m.txn for m in done} or {self.txn.txn}:
-            client.abort(replace(self.txn, txn=txn), [m.staged for m in done if m.txn == txn])
+        for name in sorted({m.txn.txn for m in done}):
+            mine = [m.staged for m in done if m.txn.txn == name]
+            client.abort(replace(done[0].txn, txn=name), mine)
+
+
+def _in_commit_worker() -> bool:
+    """Whether Spark builds this writer to commit or abort (python_streaming_sink_runner)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("python_streaming_sink_runner.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

@@ -25,7 +25,6 @@ from aqueduct_core.api.channel import Handle, _SendEnd
 from aqueduct_core.errors import (
     AqueductError,
     ChannelError,
-    ConnectionLost,
     DecodeError,
     EndOfChannel,
 )
@@ -53,6 +52,9 @@ class ServiceConfig:
     max_batch_bytes: int = P.MAX_BATCH_BYTES
     poll_interval: float = 0.5
     """How often datasets with subscribers are checked for commits made elsewhere."""
+    heartbeat: float = 2.0
+    """A subscription hearing nothing new for this long gets the latest version again: it
+    keeps the connection from going idle, and lets the client notice a service that died."""
 
 
 def _translate(exc: BaseException) -> P.DatasetError:
@@ -158,8 +160,8 @@ class DatasetService:
             try:
                 async for request in entry:
                     tasks.create_task(self._request(request, authed))
-            except ConnectionLost:
-                pass  # the client went away (or was cut off): its requests end with it
+            except ChannelError:
+                pass  # the client closed its entrypoint or went away: its requests end with it
 
     async def _request(self, req: Any, authed: bool) -> None:
         try:
@@ -330,9 +332,14 @@ class DatasetService:
     def _changes(self, req: dict[str, Any]) -> Any:
         name = _field(req, "dataset", str)
         version = _field(req, "version", int)
+        # missing_ok: files already vacuumed are listed under "missing" instead of failing
+        # (a stream with failOnDataLoss=false skips just those, keeping file positions stable)
+        missing: list[str] | None = [] if req.get("missing_ok") else None
+        files = self.store.version_files(name, version, missing=missing)
         return {
             "version": version,
-            "files": [f.to_dict() for f in self.store.version_files(name, version)],
+            "files": [f.to_dict() for f in files],
+            "missing": missing or [],
         }
 
     # -- push notifications -----------------------------------------------------------
@@ -352,11 +359,15 @@ class DatasetService:
         self._subscribers.setdefault(name, set()).add(sub)
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
+        beat = self.config.heartbeat
         try:
             sent = -1
             while True:
-                version = await sub.next_after(sent)
-                await out.send({"version": version})
+                try:
+                    version = await asyncio.wait_for(sub.next_after(sent), beat)
+                except TimeoutError:
+                    version = sub.latest  # nothing new: a heartbeat keeps the channel alive
+                await out.send({"version": version, "heartbeat": beat})
                 sent = version
         except AqueductError:
             pass  # the subscriber went away

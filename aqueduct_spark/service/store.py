@@ -383,54 +383,84 @@ class Store:
         rows, nbytes = sum(s.rows for s in splits), sum(s.bytes for s in splits)
         return ScanPlan(name, v, out_schema, splits, rows, nbytes)
 
-    def version_files(self, name: str, version: int) -> list[Split]:
-        """One split per data file that ``version`` added, sorted by path (a stable order:
-        streaming offsets count files within a version). DataLoss if the version's log entry
-        or one of its files is gone (vacuumed)."""
+    def version_files(
+        self, name: str, version: int, missing: list[str] | None = None
+    ) -> list[Split]:
+        """One split per data file that ``version`` added (its ``add`` actions with
+        ``dataChange``; files a compaction re-adds are not new data), sorted by path: a stable
+        order, since streaming offsets count files within a version.
+
+        DataLoss if the version's log entry is gone, or if one of its files is gone
+        (vacuumed); with a ``missing`` list, the paths of gone files are appended to it
+        instead and their splits are still returned, so positions in the list stay stable."""
+        self.validate_name(name)
+        if _int(version, "version") < 0:
+            raise InvalidRequest(f"version must be >= 0, got {version}")
         latest = self.latest_version(name)
         if version > latest:
             raise VersionNotFound(
                 f"dataset {name!r} has no version {version} yet (latest {latest})"
             )
-        try:
-            table = self._open(name, version, None)
-            before: set[str] = set()
-            if version > 0:
-                prev = self._open(name, version - 1, None)
-                before = set(
-                    pa.table(prev.get_add_actions(flatten=True)).column("path").to_pylist()
-                )
-        except VersionNotFound as exc:
+        fs = self._fs(name)
+        actions = scan.read_log(fs, version)
+        if not actions:
             raise DataLoss(
                 f"version {version} of dataset {name!r} is no longer in its log (cleaned up)"
-            ) from exc
-        parts = tuple(table.metadata().partition_columns)
-        added = [
-            f
-            for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()
-            if f["path"] not in before
+            )
+        adds = [
+            a["add"]
+            for a in actions
+            if isinstance(a.get("add"), dict) and a["add"].get("dataChange", True)
         ]
-        added.sort(key=lambda f: f["path"])
+        if not adds:
+            return []
+        # Partitioning never changes here: the latest version's (cached) says whether the
+        # typed partition values are needed, which only a load of the version gives.
+        _, parts = self._pinned(name, latest)
+        if parts:
+            try:
+                table = self._open(name, version, None)
+            except VersionNotFound as exc:
+                raise DataLoss(
+                    f"version {version} of dataset {name!r} cannot be loaded any more "
+                    "(its log was cleaned up)"
+                ) from exc
+            parts = tuple(table.metadata().partition_columns)
+            wanted = {unquote(a["path"]) for a in adds}
+            files = [
+                (
+                    unquote(f["path"]),
+                    {c: f.get(f"partition.{c}") for c in parts},
+                    int(f.get("num_records") or 0),
+                    int(f["size_bytes"]),
+                )
+                for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()
+                if unquote(f["path"]) in wanted
+            ]
+        else:
+            files = [(unquote(a["path"]), {}, _num_records(a), int(a["size"])) for a in adds]
+        files.sort(key=lambda f: f[0])
         splits = [
             Split(
                 dataset=name,
                 version=version,
-                path=unquote(f["path"]),
+                path=path,
                 row_groups=None,
-                partition={c: f.get(f"partition.{c}") for c in parts},
-                rows=int(f.get("num_records") or 0),
-                bytes=int(f["size_bytes"]),
+                partition=partition,
+                rows=rows,
+                bytes=size,
             )
-            for f in added
+            for path, partition, rows, size in files
         ]
-        if splits:
-            infos = self._fs(name).get_file_info([sp.path for sp in splits])
-            gone = [i.path for i in infos if i.type == pafs.FileType.NotFound]
-            if gone:
+        infos = fs.get_file_info([sp.path for sp in splits])
+        gone = [i.path for i in infos if i.type == pafs.FileType.NotFound]
+        if gone:
+            if missing is None:
                 raise DataLoss(
                     f"{len(gone)} data files of dataset {name!r} version {version} are gone "
                     f"(vacuumed), e.g. {gone[0]!r}"
                 )
+            missing.extend(gone)
         return splits
 
     def _pinned(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...]]:
@@ -786,6 +816,14 @@ class Store:
             with contextlib.suppress(DatasetNotFound):  # not a table, or dropped meanwhile
                 out.append(self.describe(name))
         return out
+
+
+def _num_records(add: dict[str, Any]) -> int:
+    """numRecords from an add action's statistics (0 when it has none)."""
+    try:
+        return int(json.loads(add.get("stats") or "{}").get("numRecords") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _already_applied(

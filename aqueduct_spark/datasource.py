@@ -207,9 +207,20 @@ class AqueductReader(DataSourceReader):
 
 
 class AqueductPushdownReader(AqueductReader):
-    """The reader with filter pushdown (``spark.sql.python.filterPushdown.enabled``)."""
+    """The reader Spark's pushdown planner gets (``spark.sql.python.filterPushdown.enabled``).
+
+    It pushes filters to the service only with the option ``pushDownPredicate=true``. Spark
+    4.3 stores the read plan made by a pushdown on the relation that ``load()`` created and
+    reuses it for every later scan of that relation that has no pushable filter: after
+    ``df.filter("id > 5").count()``, ``df.count()`` would read only the filtered rows. Declining
+    the filters keeps every plan filter-free, so each query is right and Spark filters after
+    the scan. See "Filter pushdown" in ``docs/spark-options.md``.
+    """
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        if not self.opts.push_down_predicate:
+            yield from filters
+            return
         names = set(self.spark_schema.fieldNames())
         for f in filters:
             wire = spark_filter_to_wire(f, names)

@@ -10,6 +10,7 @@ equal).
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -91,6 +92,13 @@ OPTIONS: tuple[Option, ...] = (
         "Reconnect attempts (with backoff) for reads and other idempotent requests.",
     ),
     Option(
+        "idleTimeout",
+        "30s",
+        "all",
+        "A service silent this long is gone and the connection is reopened; lower it to notice "
+        "a restarted service sooner.",
+    ),
+    Option(
         "flowWindow",
         "16MB",
         "all",
@@ -113,6 +121,14 @@ OPTIONS: tuple[Option, ...] = (
         "splitSize", "128MB", "read", "Target bytes per Spark partition (a split of the dataset)."
     ),
     Option("batchRows", "65536", "read", "Rows per Arrow batch sent by the service."),
+    Option(
+        "pushDownPredicate",
+        "false",
+        "read",
+        "Let the service evaluate the filters Spark pushes (needs "
+        "`spark.sql.python.filterPushdown.enabled`). Unsafe when one loaded DataFrame is "
+        "reused: see [Filter pushdown](#filter-pushdown).",
+    ),
     Option(
         "partitionBy",
         "none",
@@ -184,6 +200,20 @@ _SPARK_KEYS = {"checkpointlocation", "queryname"}
 """Options Spark itself passes to streaming sinks: accepted and left to Spark."""
 
 
+def _catalog_table_extras(raw: Mapping[str, str]) -> set[str]:
+    """Keys of ``raw`` that a catalog table adds and that are not the user's OPTIONS.
+
+    For a table, Spark passes every table property as an option (``provider``, ``owner``,
+    ``location``, any TBLPROPERTIES) and each ``OPTIONS (k v)`` twice, as ``k`` and as
+    ``option.k``; ``path`` (from OPTIONS or LOCATION) comes once. So a key other than
+    ``path`` without an ``option.`` twin is a table property, not meant for the source."""
+    keys = {k.lower() for k in raw}
+    if "provider" not in keys:
+        return set()  # not a catalog table: every key is an option
+    user = {k.removeprefix("option.") for k in keys if k.startswith("option.")} | {"path"}
+    return {k for k in keys if k.startswith("option.") or k not in user}
+
+
 def parse_duration(name: str, value: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", value)
     if not m:
@@ -251,12 +281,14 @@ class Options:
     connect_timeout: float = 10.0
     request_timeout: float = 60.0
     retries: int = 3
+    idle_timeout: float = 30.0
     flow_window: int = 16 << 20
     version_as_of: int | None = None
     timestamp_as_of: dt.datetime | None = None
     columns: tuple[str, ...] | None = None
     split_size: int = 128 << 20
     batch_rows: int = 65536
+    push_down_predicate: bool = False
     partition_by: tuple[str, ...] = ()
     overwrite_schema: bool = False
     starting_version: str = "latest"
@@ -285,6 +317,7 @@ class Options:
             backend=self.backend,  # type: ignore[arg-type]
             packet_size=self.packet_size,
             handshake_timeout=self.connect_timeout,
+            idle_timeout=self.idle_timeout,
             engine=EngineConfig(flow_window=self.flow_window),
         )
         return ClientConfig(
@@ -300,13 +333,27 @@ class Options:
 
 def parse(raw: Mapping[str, str]) -> Options:
     """Validate every option (keys case-insensitive); raise OptionError on the first problem."""
+    if not any(k.lower() not in _SPARK_KEYS for k in raw):
+        raise OptionError(
+            "the aqueduct data source got no options. If this is a catalog table (CREATE TABLE"
+            " ... USING aqueduct), Spark 4.3 does not pass a table's OPTIONS to Python data"
+            " sources: use CREATE TEMPORARY VIEW ... USING aqueduct OPTIONS (...) instead, or"
+            " give the options with each query: SELECT ... FROM t WITH ('url' = '...', 'path' ="
+            " '...'), spark.read.options(...).table(t), INSERT INTO t WITH (...) SELECT ...,"
+            ' df.writeTo(t).options(...).append(). Otherwise give at least .option("url", ...)'
+            " and the dataset name."
+        )
     given: dict[str, str] = {}
+    extras = _catalog_table_extras(raw)
     for key, value in raw.items():
+        if key.lower() in extras:
+            continue
         k = _ALIASES.get(key.lower(), key.lower())
         if k in _SPARK_KEYS:
             continue
         if k not in _BY_KEY:
-            close = [o.name for o in OPTIONS if o.name.lower().startswith(k[:4])]
+            names = {o.name.lower(): o.name for o in OPTIONS}
+            close = [names[n] for n in difflib.get_close_matches(k, names, n=3, cutoff=0.7)]
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise OptionError(f"unknown option {key!r} for the aqueduct data source.{hint}")
         given[k] = str(value)
@@ -374,12 +421,14 @@ def parse(raw: Mapping[str, str]) -> Options:
         connect_timeout=parse_duration("connectTimeout", get("connectTimeout") or "10s"),
         request_timeout=parse_duration("requestTimeout", get("requestTimeout") or "60s"),
         retries=parse_int("retries", get("retries") or "3"),
+        idle_timeout=parse_duration("idleTimeout", get("idleTimeout") or "30s"),
         flow_window=parse_size("flowWindow", get("flowWindow") or "16MB"),
         version_as_of=None if version is None else parse_int("versionAsOf", version),
         timestamp_as_of=None if timestamp is None else parse_timestamp("timestampAsOf", timestamp),
         columns=split(get("columns")),
         split_size=parse_size("splitSize", get("splitSize") or "128MB"),
         batch_rows=parse_int("batchRows", get("batchRows") or "65536", 1),
+        push_down_predicate=parse_bool("pushDownPredicate", get("pushDownPredicate") or "false"),
         partition_by=split(get("partitionBy")) or (),
         overwrite_schema=parse_bool("overwriteSchema", get("overwriteSchema") or "false"),
         starting_version=starting,

@@ -18,7 +18,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from aqueduct_spark.datasource import register
@@ -33,6 +33,8 @@ def spark() -> Iterator[Any]:
         # Skips Spark's per-row Arrow size check: 2-3x faster Python writers (pitfall 16).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
         .config("spark.driver.memory", "2g")
+        # Catalog tables of the SQL tests go to a temporary directory, not ./spark-warehouse.
+        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -40,6 +40,7 @@ def spark_session() -> Any:
         SparkSession.builder.master("local[2]")
         .appName("aqueduct-bench")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # keep the logs readable
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
         .config("spark.driver.memory", "4g")

@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             SparkSession.builder.master("local[2]")
             .appName("aqueduct-streaming-latency")
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")  # keep the logs readable
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
             .getOrCreate()

@@ -77,32 +77,55 @@ def plot_bars(
 
 
 def section_transport(data: dict[str, Any]) -> list[str]:
+    mib = 1 << 20
     lines = [
         "## Transport: one Aqueduct channel vs a bare QUIC stream vs Arrow Flight (issues 4, 5)",
         "",
+        "Server to client over loopback, server and client pinned to different cores; medians "
+        f"over {data['plan']['main']['repeat']} rounds. Method and knobs: "
+        "[benchmarks/transport.md](benchmarks/transport.md).",
+        "",
+        "| backend | packet | kind | message | MB/s | client CPU s/GB | server CPU s/GB |",
+        "|---|---|---|---|---|---|---|",
     ]
-    rows = data.get("rows") or data.get("results") or []
-    if isinstance(rows, dict):
-        rows = [{"name": k, **v} for k, v in rows.items()]
-    if rows:
-        keys = [k for k in rows[0] if k != "name"]
-        lines.append("| " + " | ".join(["path", *keys]) + " |")
-        lines.append("|" + "---|" * (len(keys) + 1))
-        for r in rows:
-            lines.append(
-                "| " + " | ".join([str(r.get("name", "")), *[_fmt(r.get(k)) for k in keys]]) + " |"
-            )
-        lines.append("")
-        labels = [str(r.get("name")) for r in rows if isinstance(r.get("MBps"), int | float)]
-        values = [float(r["MBps"]) for r in rows if isinstance(r.get("MBps"), int | float)]
-        if labels:
-            plot_bars(
-                OUT / "transport.png", "Throughput on loopback (MB/s)", labels, values, "MB/s"
-            )
-            lines += ["![transport throughput](benchmarks/transport.png)", ""]
-    for key, value in sorted((data.get("ratios") or {}).items()):
-        lines.append(f"- {key}: **{_fmt(value)}**")
-    lines.append("")
+    best: dict[str, float] = {}
+    for r in data["results"]:
+        lines.append(
+            f"| {r['backend']} | {r['packet'] or ''} | {r['kind']} | {r['size'] // mib} MiB | "
+            f"{r['MBps']:.0f} | {_fmt(r.get('client_cpu_s_per_GB'))} | "
+            f"{_fmt(r.get('server_cpu_s_per_GB'))} |"
+        )
+        label = f"{r['backend']} {r['packet'] or ''} {r['kind']}".replace("  ", " ")
+        best[label] = max(best.get(label, 0.0), float(r["MBps"]))
+    lines += [
+        "",
+        "| ratio | config | message | median | per round | target | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["ratios"]:
+        if r["role"] == "info":
+            verdict = "(context)"
+        else:
+            verdict = "met" if r["value"] >= r["target"] else "MISSED"
+        lines.append(
+            f"| {r['ratio']} | {r['config']} | {r['size'] // mib} MiB | {r['value']:.2f} | "
+            f"{', '.join(f'{v:.2f}' for v in r['values'])} | >= {r['target']:.2f} | {verdict} |"
+        )
+    targets = data.get("targets", {})
+    lines += [
+        "",
+        f"Targets met: **{targets.get('met', '?')} of {targets.get('total', '?')}**.",
+        "",
+    ]
+    if best:
+        plot_bars(
+            OUT / "transport.png",
+            "Best throughput on loopback over message sizes (MB/s)",
+            list(best),
+            list(best.values()),
+            "MB/s",
+        )
+        lines += ["![transport throughput](benchmarks/transport.png)", ""]
     return lines
 
 
@@ -207,6 +230,117 @@ def section_codec(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def summary(collected: dict[str, dict[str, Any] | None]) -> list[str]:
+    """One table of every target the issues set, with its verdict in this run."""
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**behind**"
+
+    codec = collected.get("codec")
+    if codec:
+        for name, r in codec["results"].items():
+            if name.startswith(("encode: message_parts", "decode: decode_frame")):
+                rows.append(
+                    (
+                        "2",
+                        f"codec {name}, 1 MiB payload",
+                        f"{r['GBps']:.1f} GB/s = {r['vs_copy']:.2f}x a copy",
+                        "report",
+                        "reported",
+                    )
+                )
+    transport = collected.get("transport")
+    if transport:
+        for ratio, target, issue in (
+            ("aqueduct/bare", 0.85, "4"),
+            ("aqueduct-noflow/bare", 0.85, "4"),
+            ("aqueduct/aqueduct-noflow", 0.90, "5"),
+            ("best-aqueduct/flight-tls", 1.00, "4"),
+        ):
+            found = [r for r in transport["ratios"] if r["ratio"] == ratio and r["role"] == "main"]
+            if found:
+                values = [r["value"] for r in found]
+                ok = sum(v >= target for v in values)
+                rows.append(
+                    (
+                        issue,
+                        f"transport {ratio} (each backend x packet size x message size)"
+                        if ratio != "best-aqueduct/flight-tls"
+                        else "transport best Aqueduct / Flight TLS (each message size)",
+                        f"{min(values):.2f}-{max(values):.2f}",
+                        f">= {target:.2f}",
+                        f"{ok} of {len(values)} met" if ok < len(values) else "met",
+                    )
+                )
+    service = collected.get("service")
+    if service:
+        best = service["best_vs_flight"]
+        rows.append(
+            (
+                "6",
+                "dataset read, Python client / Flight TLS",
+                f"{best:.2f}x",
+                ">= 0.80x",
+                verdict(best >= 0.8),
+            )
+        )
+    spark = collected.get("spark")
+    if spark:
+        for kind in ("read", "write"):
+            bf, bfl = spark[f"{kind}_best_vs_flight"], spark[f"{kind}_best_vs_floor"]
+            rows.append(
+                (
+                    "7",
+                    f"Spark {kind} time / Flight source",
+                    f"{bf:.2f}x",
+                    "<= 1.10x",
+                    verdict(bf <= 1.1),
+                )
+            )
+            rows.append(
+                (
+                    "7",
+                    f"Spark {kind} time / in-process floor",
+                    f"{bfl:.2f}x",
+                    "<= 1.50x",
+                    verdict(bfl <= 1.5),
+                )
+            )
+    streaming = collected.get("streaming")
+    if streaming:
+        for name, m in streaming.get("modes", {}).items():
+            rows.append(
+                (
+                    "8",
+                    f"streaming latency, {name}",
+                    f"median {m['median']:.2f} s, p95 {m['p95']:.2f} s",
+                    "report",
+                    "reported",
+                )
+            )
+    if not rows:
+        return []
+    lines = [
+        "## Summary: every target",
+        "",
+        "| issue | comparison | this run | target | verdict |",
+        "|---|---|---|---|---|",
+        *[f"| {' | '.join(r)} |" for r in rows],
+        "",
+    ]
+    behind = [r for r in rows if r[4] not in ("met", "reported")]
+    if behind:
+        lines += [
+            "Where we are behind: "
+            + "; ".join(f"{r[1]} ({r[2]} against {r[3]}, {r[4]})" for r in behind)
+            + ". The transport section and [benchmarks/transport.md](benchmarks/transport.md) "
+            "say where the time goes and what would close the gap.",
+            "",
+        ]
+    return lines
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
@@ -228,21 +362,28 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="small sizes (a smoke run, not a report)"
     )
     parser.add_argument("--only", nargs="*", choices=list(SCRIPTS), help="run only these")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing; rewrite the report from the results already in docs/benchmarks/results",
+    )
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    names = args.only or list(SCRIPTS)
+    names = [] if args.report_only else (args.only or list(SCRIPTS))
     collected: dict[str, dict[str, Any] | None] = {}
     for name in names:
         collected[name], _ = run(name, args.quick)
     for name in SCRIPTS:  # keep earlier results of benchmarks not rerun
         if name not in collected and (RESULTS / f"{name}.json").exists():
             collected[name] = json.loads((RESULTS / f"{name}.json").read_text())
-    machine = next((d["machine"] for d in collected.values() if d and "machine" in d), {})
+    machine: dict[str, Any] = {}
+    for d in collected.values():  # the scripts record overlapping sets of facts
+        machine = {**(d or {}).get("machine", {}), **machine}
     lines = [
         "# Benchmark report",
         "",
         f"Generated by `python -m benchmarks.run_all{' --quick' if args.quick else ''}` on "
-        f"{time.strftime('%Y-%m-%d')}. Machine: {machine.get('cpus', '?')} CPUs ({machine.get('cpu', '?')}), "
+        f"{time.strftime('%Y-%m-%d')}. Machine: {machine.get('cpus', machine.get('nproc', '?'))} CPUs ({machine.get('cpu', '?')}), "
         f"Python {machine.get('python', '?')}, aioquic {machine.get('aioquic', '?')}, qh3 {machine.get('qh3', '?')}, "
         f"pyarrow {machine.get('pyarrow', '?')}, deltalake {machine.get('deltalake', '?')}, pyspark {machine.get('pyspark', '?')}.",
         "",
@@ -250,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "below is a ratio measured within one run of one script, with the compared paths run back to back. "
         "Servers and clients share the 2 cores. Raw results and logs are in `docs/benchmarks/results/`.",
         "",
+        *summary(collected),
     ]
     for name in SCRIPTS:
         data = collected.get(name)

@@ -21,7 +21,15 @@ from aqueduct_core.engine import EngineConfig
 from aqueduct_core.transport import ClientTLS, TransportConfig, make_dev_certificates
 from aqueduct_spark.client import Client
 from aqueduct_spark.service.store import Store
-from benchmarks.common import machine, median_time, sample_table, spawn, stop, write_json
+from benchmarks.common import (
+    machine,
+    median_time,
+    sample_table,
+    spawn,
+    spawn_service,
+    stop,
+    write_json,
+)
 
 DATASET = "bench"
 
@@ -98,24 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t, _ = median_time(lambda: read_flight(int(port), certs.ca_file), args.repeat)
             results["runs"]["flight-tls"] = {"seconds": t, "MBps": arrow_bytes / t / 1e6}
             for backend in ("aioquic", "qh3"):
-                svc, banner = spawn(
-                    [
-                        "-m",
-                        "aqueduct_spark.service.cli",
-                        "serve",
-                        "--root",
-                        str(root),
-                        "--port",
-                        "0",
-                        "--backend",
-                        backend,
-                    ],
-                    "AQUEDUCT_READY ",
-                )
+                svc, info = spawn_service(root, backend)
                 procs.append(svc)
-                import json
-
-                info = json.loads(banner)
                 read_aqueduct(info["url"], info["fingerprint"], backend)  # warm up
                 t, got = median_time(
                     lambda info=info, backend=backend: read_aqueduct(

@@ -12,7 +12,6 @@ their own process and share the 2 cores with Spark.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, spawn, stop, write_json
+from benchmarks.common import machine, spawn, spawn_service, stop, write_json
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
@@ -95,22 +94,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             procs.append(flight)
             services = {}
             for backend in ("aioquic", "qh3"):
-                svc, banner = spawn(
-                    [
-                        "-m",
-                        "aqueduct_spark.service.cli",
-                        "serve",
-                        "--root",
-                        str(root),
-                        "--port",
-                        "0",
-                        "--backend",
-                        backend,
-                    ],
-                    "AQUEDUCT_READY ",
-                )
+                svc, info = spawn_service(root, backend)
                 procs.append(svc)
-                services[backend] = json.loads(banner)
+                services[backend] = info
             df = spark.range(0, args.rows, numPartitions=4).selectExpr(
                 "id",
                 "cast(id as double) * 0.5 as x",

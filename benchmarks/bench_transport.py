@@ -32,10 +32,8 @@ flow-on/flow-off >= 0.90 (within 10%, issue 5).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from aqueduct_core.transport import make_dev_certificates
+from benchmarks.common import machine
 
 MiB = 1 << 20
 TARGET_BARE = 0.85
@@ -59,32 +58,6 @@ CONFIGS = [
     ("qh3", 65507, "main"),
 ]
 KINDS = ["bare", "aqueduct", "aqueduct-noflow", "aqueduct-w16m"]
-
-
-def machine() -> dict[str, Any]:
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "-"
-
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_count": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "loadavg": os.getloadavg(),
-        **{pkg: version(pkg) for pkg in ("aioquic", "qh3", "pyarrow", "uvloop", "cryptography")},
-    }
 
 
 class Worker:

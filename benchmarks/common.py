@@ -38,12 +38,22 @@ def machine() -> dict[str, Any]:
         pass
     return {
         "cpus": os.cpu_count(),
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu": cpu,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "loadavg": os.getloadavg(),
         **{
             pkg: version(pkg)
-            for pkg in ("aioquic", "qh3", "pyarrow", "deltalake", "pyspark", "uvloop")
+            for pkg in (
+                "aioquic",
+                "qh3",
+                "pyarrow",
+                "deltalake",
+                "pyspark",
+                "uvloop",
+                "cryptography",
+            )
         },
     }
 
@@ -99,6 +109,15 @@ def spawn(
             return proc, line[len(ready) :].strip()
     proc.kill()
     raise RuntimeError(f"{args} not ready in time")
+
+
+def spawn_service(root: Path | str, backend: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Start ``aqueduct serve`` on a free port with ``backend``; returns the process and the
+    url and fingerprint that reach it."""
+    from aqueduct_spark.testing import start_service
+
+    svc = start_service(Path(root), backend=backend)
+    return svc.proc, {"url": svc.url, "fingerprint": svc.fingerprint}
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from aqueduct_core.engine import (
     ChannelTerminated,
+    Connection,
     ConnectionTerminated,
     EngineConfig,
     Event,
     MessageArrived,
     Terminal,
 )
-from aqueduct_core.errors import CloseCode, RemoteProtocolError
+from aqueduct_core.errors import CloseCode, EndOfChannel, RemoteProtocolError
 from aqueduct_core.testing.scripted import ScriptedPeer
 from aqueduct_core.wire.chanid import Side, make_chanid
 
@@ -66,3 +67,16 @@ def terminals(events: list[Event]) -> dict[int, list[Terminal]]:
 
 def arrived(events: list[Event]) -> list[int]:
     return [e.chanid for e in events if isinstance(e, MessageArrived)]
+
+
+def drain(conn: Connection, chanid: int, now: float) -> tuple[list[bytes], bool]:
+    """Every queued payload, and whether the channel then reported a clean finish."""
+    out: list[bytes] = []
+    while True:
+        try:
+            msg = conn.recv(chanid, now=now)
+        except EndOfChannel:
+            return out, True
+        if msg is None:
+            return out, False
+        out.append(bytes(msg.payload))

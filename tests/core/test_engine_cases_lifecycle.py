@@ -15,6 +15,7 @@ from engine_case_helpers import (
     arrived,
     assert_open,
     client,
+    drain,
     server,
     terminals,
 )
@@ -50,18 +51,6 @@ from aqueduct_core.wire import (
     encode_frames,
     make_chanid,
 )
-
-
-def drain(conn: object, chanid: int, now: float) -> tuple[list[bytes], bool]:
-    out = []
-    while True:
-        try:
-            msg = conn.recv(chanid, now=now)  # type: ignore[attr-defined]
-        except EndOfChannel:
-            return out, True
-        if msg is None:
-            return out, False
-        out.append(bytes(msg.payload))
 
 
 def test_case_44_app_close_acks_first_then_close_sender_sees_receiver_dropped() -> None:

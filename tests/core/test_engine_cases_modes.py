@@ -8,10 +8,9 @@ the microsecond without sleeping.
 from __future__ import annotations
 
 import pytest
-from engine_case_helpers import arrived, assert_open, client, server, terminals
+from engine_case_helpers import arrived, assert_open, client, drain, server, terminals
 
 from aqueduct_core.engine import ChannelTerminated, EngineConfig, MessageArrived, Mode, Terminal
-from aqueduct_core.errors import EndOfChannel
 from aqueduct_core.testing.scripted import NetworkLog
 from aqueduct_core.testing.simnet import SimNetwork
 from aqueduct_core.wire import (
@@ -24,19 +23,6 @@ from aqueduct_core.wire import (
     RouteTo,
     SentUnreliable,
 )
-
-
-def drain(conn: object, chanid: int, now: float) -> tuple[list[bytes], bool]:
-    """Every queued payload, and whether the channel then reported a clean finish."""
-    out = []
-    while True:
-        try:
-            msg = conn.recv(chanid, now=now)  # type: ignore[attr-defined]
-        except EndOfChannel:
-            return out, True
-        if msg is None:
-            return out, False
-        out.append(bytes(msg.payload))
 
 
 def test_case_36_ordered_one_stream_in_order_then_finished() -> None:

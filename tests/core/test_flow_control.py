@@ -21,6 +21,7 @@ from engine_case_helpers import (
     assert_open,
     assert_violation,
     client,
+    drain,
     server,
 )
 
@@ -34,7 +35,7 @@ from aqueduct_core.engine import (
     QueuePolicy,
     Terminal,
 )
-from aqueduct_core.errors import CloseCode, EndOfChannel
+from aqueduct_core.errors import CloseCode
 from aqueduct_core.testing.scripted import NetworkLog, ScriptedPeer
 from aqueduct_core.testing.simnet import SimNetwork
 from aqueduct_core.wire import (
@@ -89,19 +90,6 @@ def watch_buffered(conn: Connection, chanid: int) -> Callable[[], int]:
     conn.stream_data = wrap(conn.stream_data)  # type: ignore[method-assign]
     conn.datagram_received = wrap(conn.datagram_received)  # type: ignore[method-assign]
     return lambda: peak
-
-
-def drain(conn: Connection, chanid: int, now: float) -> tuple[list[bytes], bool]:
-    """Every queued payload, and whether the channel then reported a clean finish."""
-    out: list[bytes] = []
-    while True:
-        try:
-            msg = conn.recv(chanid, now=now)
-        except EndOfChannel:
-            return out, True
-        if msg is None:
-            return out, False
-        out.append(bytes(msg.payload))
 
 
 # -- case 63 ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -164,17 +164,6 @@ def test_spark_43_still_reuses_pushed_read_plans(
     df = read(spark, service, "reused_pushed", pushDownPredicate="true")
     assert df.filter("id >= 990").count() == 10
     assert df.count() == 10, "Spark no longer reuses the pushed plan: see the docstring"
-
-
-def test_sql_usage(spark: Any, service: ServiceProcess) -> None:
-    write(numbers(spark, 50), service, "sqlds", mode="overwrite")
-    options = ", ".join(f"{k} '{v}'" for k, v in service.options.items())
-    spark.sql(
-        f"CREATE OR REPLACE TEMPORARY VIEW sqlds USING aqueduct OPTIONS (path 'sqlds', {options})"
-    )
-    assert spark.sql("SELECT count(*) AS n, sum(id) AS total FROM sqlds").collect() == [
-        Row(n=50, total=1225)
-    ]
 
 
 def test_sql_catalog_table(spark: Any, service: ServiceProcess) -> None:

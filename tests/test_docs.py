@@ -330,8 +330,9 @@ def test_every_error_class_has_a_troubleshooting_section() -> None:
 def spark_error_conditions() -> set[str]:
     """Error condition names of PySpark and of the Spark JVM it ships with."""
     spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        pytest.skip("pyspark is not installed")
+    assert spec is not None and spec.origin is not None, (
+        "pyspark is missing: install the spark extra (make test does: pip install -e '.[dev,spark]')"
+    )
     home = Path(spec.origin).parent
     names = set(json.loads((home / "errors" / "error-conditions.json").read_text()))
     for jar in home.glob("jars/spark-common-utils_*.jar"):

@@ -94,6 +94,41 @@ async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 
         await asyncio.sleep(0.005)
 
 
+class StalledProducer:
+    """Sends messages ``1 .. total-1`` of ``{"i": i, "pad": pad}`` on ``tx`` (the test sent
+    message 0) while the consumer of ``rx`` reads nothing; :meth:`start` returns once the
+    receiver's window and the sender's queue are full."""
+
+    def __init__(self, pair: Any, tx: Any, rx: Any, total: int, pad: bytes) -> None:
+        self.pair, self.tx, self.rx, self.total, self.pad = pair, tx, rx, total, pad
+        self.peak = watch_buffered(pair.server, rx)
+        self.sent = 1
+        self.stalled_at = 0
+        self.task: asyncio.Task[None]  # set by start()
+
+    async def _produce(self) -> None:
+        for i in range(1, self.total):
+            await self.tx.send({"i": i, "pad": self.pad})
+            self.sent += 1
+        self.tx.finish()
+
+    async def start(self, what: str) -> StalledProducer:
+        self.task = asyncio.create_task(self._produce())
+        await wait_until(
+            lambda: (
+                queued(self.pair.client, self.tx) >= DEFAULT_MAXSIZE * len(self.pad)
+                and settled(self.pair.client, self.tx, self.pair.server, self.rx)
+            ),
+            what,
+        )
+        self.stalled_at = self.sent
+        return self
+
+    def held(self) -> bool:
+        """Nothing more was sent since the stall, and the producer still waits."""
+        return self.sent == self.stalled_at and not self.task.done()
+
+
 async def open_inbox(pair: Any, **channel_kw: Any) -> tuple[Any, Receiver[Any]]:
     """A channel from the client to the server: (client's sender, server's receiver)."""
     tx, rx = channel(**channel_kw)
@@ -303,25 +338,9 @@ def test_case_67_no_cross_channel_stall_over_quic(backend: str) -> None:
             c_tx, c_rx = channel()
             await a_tx.send({"i": 0, "child": c_rx})
             c = (await a.recv())["child"]
-            peak = watch_buffered(pair.server, a)
-            sent = 1
-
-            async def produce() -> None:
-                nonlocal sent
-                for i in range(1, total):
-                    await a_tx.send({"i": i, "pad": pad})
-                    sent += 1
-                a_tx.finish()
-
-            producer = asyncio.create_task(produce())
-            await wait_until(
-                lambda: (
-                    queued(pair.client, a_tx) >= DEFAULT_MAXSIZE * len(pad)
-                    and settled(pair.client, a_tx, pair.server, a)
-                ),
-                "A's window and send queue are full",
+            producer = await StalledProducer(pair, a_tx, a, total, pad).start(
+                "A's window and send queue are full"
             )
-            stalled_at = sent
 
             b_tx.unordered(maxsize=None)
             c_tx.unordered(maxsize=None)
@@ -335,14 +354,14 @@ def test_case_67_no_cross_channel_stall_over_quic(backend: str) -> None:
             )
             assert sorted(m["b"] for m in b_got) == list(range(300))
             assert sorted(m["c"] for m in c_got) == list(range(300))
-            assert sent == stalled_at and not producer.done()  # A never moved meanwhile
+            assert producer.held()  # A never moved meanwhile
             one = cbor_cost({"i": total, "pad": pad}, total)
             assert window - one < buffered(pair.server, a) <= window
 
             rest = [m["i"] async for m in a]
             assert rest == list(range(1, total))
-            await producer
-            assert peak() <= window + one
+            await producer.task
+            assert producer.peak() <= window + one
 
     run(main())
 
@@ -544,25 +563,9 @@ def test_a_stalled_parent_delays_neither_its_child_nor_a_sibling(backend: str) -
                 tx.unordered()
             await p_tx.send({"i": 0, "child": c_rx})
             child = (await parent.recv())["child"]
-            peak = watch_buffered(pair.server, parent)
-            sent = 1
-
-            async def produce() -> None:
-                nonlocal sent
-                for i in range(1, total):
-                    await p_tx.send({"i": i, "pad": pad})
-                    sent += 1
-                p_tx.finish()
-
-            producer = asyncio.create_task(produce())
-            await wait_until(
-                lambda: (
-                    queued(pair.client, p_tx) >= DEFAULT_MAXSIZE * len(pad)
-                    and settled(pair.client, p_tx, pair.server, parent)
-                ),
-                "the parent's window and send queue are full",
+            producer = await StalledProducer(pair, p_tx, parent, total, pad).start(
+                "the parent's window and send queue are full"
             )
-            stalled_at = sent
             one = cbor_cost({"i": total, "pad": pad}, total)
             in_window = buffered(pair.server, parent) // one
             assert in_window > 300, "more than 300 of the parent's streams were drained"
@@ -579,13 +582,13 @@ def test_a_stalled_parent_delays_neither_its_child_nor_a_sibling(backend: str) -
             await senders
             assert sorted(m["s"] for m in s_got) == list(range(300))
             assert sorted(m["c"] for m in c_got) == list(range(300))
-            assert sent == stalled_at and not producer.done(), "the parent moved while stalled"
+            assert producer.held(), "the parent moved while stalled"
             assert window - one < buffered(pair.server, parent) <= window
 
             rest = sorted([m["i"] async for m in parent])
             assert rest == list(range(1, total))
-            await producer
-            assert peak() <= window + one
+            await producer.task
+            assert producer.peak() <= window + one
 
     run(main())
 

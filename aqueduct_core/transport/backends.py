@@ -7,6 +7,8 @@ Neither library exposes everything Aqueduct needs, so a few hooks reach into the
 - a qh3 client advertises ``max_udp_payload_size = 1472`` whatever its configuration, so a
   qh3 server never sends it larger packets;
 - aioquic's pacer has no switch;
+- a qh3 server credits its anti-amplification budget with too few bytes when a client pads
+  its Initial datagram after the packet, as aioquic does (see :func:`_padded_packet_end`);
 - the adapter overrides ``QuicConnectionProtocol._process_events`` (called after every
   datagram and timer) to hand the engine each batch of events at once.
 
@@ -106,6 +108,12 @@ def check(name: str) -> None:
             raise BackendMismatch("qh3 hooks are not installed")
         if not hasattr(tb, "push_quic_transport_parameters"):
             raise BackendMismatch(f"qh3 {backend.version}: transport parameters moved")
+        if getattr(qc, "_pull_quic_header", None) is not _padded_header_hook:
+            raise BackendMismatch(f"qh3 {backend.version}: QuicConnection's header parser moved")
+        quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+        for attr in ("_core", "_call_core", "_quic_logger", "_log_datagram", "_log_packets"):
+            if not hasattr(quic, attr):
+                raise BackendMismatch(f"qh3 {backend.version}: QuicConnection.{attr} moved")
 
 
 # -- stream limits and client packet size ------------------------------------------------
@@ -183,4 +191,81 @@ def _install_qh3_hooks() -> None:
     tb.QuicTlsBridge.serialize_transport_parameters = serialize
     qc.QuicConnectionCore = core
     qc.QuicConnection._create_core = create_core
+    global _original_pull_header, _qh3_error
+    _original_pull_header = qc._pull_quic_header
+    _qh3_error = qc.QuicConnectionError
+    qc._pull_quic_header = _padded_header_hook
+    qc.QuicConnection.datagrams_to_send = _datagrams_to_send
     qc._aqueduct_hooked = True
+
+
+# -- qh3: credit a padded Initial datagram in full -----------------------------------------
+
+_original_pull_header: Any = None
+_qh3_error: Any = None
+
+
+def _padded_header_hook(data: Any, offset: int, cid_length: int) -> Any:
+    header = _original_pull_header(data, offset, cid_length)
+    end = header[9]
+    if end < len(data) and _padded_packet_end(data, end):
+        return (*header[:9], len(data))
+    return header
+
+
+def _datagrams_to_send(self: Any, now: float) -> list[tuple[bytes, Any]]:
+    """qh3's ``QuicConnection.datagrams_to_send``, but keeping what was built.
+
+    Upstream defect (qh3 2.1.0): the native packet builder reports a packet that the
+    anti-amplification budget (or any other limit) cannot fit as an error of the whole
+    ``poll_transmit`` ("packet builder capacity exhausted"), and the library's loop then
+    raises, losing the datagrams it had already built in the same call; they were counted
+    as sent, so they are only resent at the server's probe timeout. A server whose first
+    flight is larger than three times the client's Initial (a long certificate chain) then
+    stalls for hundreds of milliseconds. The builder is transactional (a failed build
+    consumes nothing), so stopping at the first failure and sending what was built is what
+    RFC 9000 §8.1 asks: send up to the limit, then wait for the peer.
+    """
+    core = self._core
+    if core is None:
+        return []
+    datagrams: list[tuple[bytes, Any]] = []
+    while True:
+        try:
+            transmit = self._call_core(core.poll_transmit, now)
+        except _qh3_error:
+            if not datagrams:
+                raise
+            break
+        if transmit is None:
+            break
+        if self._quic_logger is not None:
+            self._log_datagram("datagrams_sent", transmit[0])
+            self._log_packets("packet_sent", transmit[0])
+        datagrams.append((transmit[0], transmit[1]))
+    return datagrams
+
+
+def _padded_packet_end(data: Any, end: int) -> bool:
+    """Whether the bytes of ``data`` after ``end`` are padding, not another QUIC packet.
+
+    Upstream defect (qh3 2.1.0): ``qh3.quic.connection.QuicConnection.receive_datagram``
+    hands the native core one packet at a time (``data[offset:packet_end]``), and the core
+    credits the server's anti-amplification budget with the length of that slice only
+    (``path.receive(bytes.len())`` in ``src/quic/connection.rs``), although RFC 9000 §8.1
+    says a server counts every byte of the datagram. aioquic 1.7.2 pads a datagram carrying
+    an Initial packet with zero bytes *after* the packet (``QuicPacketBuilder.
+    _flush_current_datagram``), which RFC 9000 §14.1 allows. So a qh3 server credits an
+    aioquic ClientHello of a 1200-byte (or 16384-byte) datagram as ~520 bytes, may send
+    ~1.5 KB, and its first flight (~2.6 KB with our certificates) no longer fits. qh3's
+    packet builder then fails the whole ``poll_transmit`` ("packet builder capacity
+    exhausted") and ``datagrams_to_send`` drops even the datagram it had already built, so
+    nothing is sent until the client's probe timeout; each probe earns ~150 bytes more, and
+    the handshake takes 200 ms to several seconds.
+
+    The workaround keeps the padding in the slice of the packet before it, so the core counts
+    the whole datagram. Bytes whose first byte has the fixed bit (0x40) clear cannot start a
+    QUIC packet (RFC 9000 §17; neither library negotiates RFC 9287's greasing), and the core
+    discards them after the packet exactly as it would have on their own.
+    """
+    return not data[end] & 0x40

@@ -38,6 +38,14 @@ class EngineConfig:
     such channels, so this bounds what it can make us hold. A conforming peer exceeds it only
     when more than 16 channels carry a full 16 MiB window before the messages attaching them
     arrive; raise it for such workloads."""
+    max_message_gap: int = 1 << 20
+    """How far beyond the lowest undecided message number of a channel (reliable or
+    unreliable) a MESSAGE_NUM, or a SENT_UNRELIABLE total, may reach (G31; close code 3
+    beyond it). Numbers are sequential, so a conforming sender is ahead only by what it sent
+    within about one unreliable deadline (<= 1 s); no Python sender approaches 2**20."""
+    max_early_bytes: int = 16 * 1024 * 1024
+    """Bytes accepted before the peer's CONNECTION_HEADERS (close code 3 beyond it). A
+    conforming peer sends at most one message per channel before it knows our window."""
     flow_window: int | None = DEFAULT_WINDOW
     """Per-channel receive window we advertise (bytes); None: do not take part in flow
     control (the peer then gets unlimited credit and never sees DEQUEUED)."""

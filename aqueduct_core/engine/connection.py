@@ -58,6 +58,7 @@ from aqueduct_core.wire.frames import (
     ForgetChannel,
     Frame,
     Message,
+    MessageHead,
     Payload,
     RouteTo,
     SentUnreliable,
@@ -102,7 +103,16 @@ class MemoryReport:
 class _Seq:
     """One incoming frame sequence (a stream or a datagram) and its routing state."""
 
-    __slots__ = ("checked", "datagram", "ignore", "parser", "pending", "route")
+    __slots__ = (
+        "checked",
+        "datagram",
+        "ignore",
+        "parser",
+        "pending",
+        "reserved",
+        "reserved_head",
+        "route",
+    )
 
     def __init__(self, parser: StreamParser | None) -> None:
         self.parser = parser
@@ -111,6 +121,10 @@ class _Seq:
         self.ignore = False
         self.checked = False
         self.pending: list[Frame] = []
+        self.reserved_head: MessageHead | None = None
+        """The unfinished MESSAGE whose bytes are charged (see ``Connection._charge``)."""
+        self.reserved: tuple[ReceiverSM | None, int, bool] | None = None
+        """(receiver charged, bytes, also counted as loose bytes) for ``reserved_head``."""
 
 
 class Connection:
@@ -134,7 +148,10 @@ class Connection:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._handshake_complete = False
+        self._early_ok = False
         self._early: list[Callable[[], object]] = []
+        self._early_bytes = 0
+        self._loose_partial = 0
         self.closed = False
         self.got_ack_version = False
         self.sent_ack_version = False
@@ -205,6 +222,32 @@ class Connection:
         if not datagrams:
             self._fail(RemoteProtocolError("the peer does not support QUIC datagrams (RFC 9221)"))
             return
+        self._start()
+
+    def early_data(self, now: float) -> None:
+        """0-RTT keys are in place before the handshake completes (profile §2.11).
+
+        Client: VERSION and CONNECTION_HEADERS go out now and the application may send, as
+        after :meth:`handshake_done`. Server: stream and datagram input is processed at once
+        instead of being held until :meth:`handshake_done`; the application decides what is
+        safe to act on before :attr:`handshake_confirmed`. Rejected 0-RTT is the transport's
+        to repair (it resends the stream data on new streams); the engine does not see it."""
+        if self.closed or self._handshake_complete or self._early_ok:
+            return
+        self.now = now
+        self._start()
+
+    @property
+    def handshake_confirmed(self) -> bool:
+        """The QUIC handshake completed: input is no 0-RTT replay (§2.11)."""
+        return self._handshake_complete
+
+    def _start(self) -> None:
+        """Begin the Aqueduct handshake, once: at 0-RTT or at QUIC handshake completion."""
+        if self._early_ok:
+            self._pump_all()
+            return
+        self._early_ok = True
         self.schedule(self.config.handshake_timeout, self._handshake_timer)
         if self.side is Side.CLIENT:
             headers = self._with_flow(self._own_headers)
@@ -219,20 +262,50 @@ class Connection:
             replay()
         self._pump_all()
 
+    def _count_early(self, nbytes: int) -> bool:
+        """Bytes received before the peer's CONNECTION_HEADERS are capped (G26): they are
+        held (or parsed) before we know the peer is one we serve. False once over the cap."""
+        if self.peer_headers is not None:
+            return True
+        self._early_bytes += nbytes
+        if self._early_bytes <= self.config.max_early_bytes:
+            return True
+        self._fail(
+            RemoteProtocolError(
+                f"more than {self.config.max_early_bytes} bytes arrived before the peer's "
+                "CONNECTION_HEADERS",
+                CloseCode.LIMIT_VIOLATION,
+            )
+        )
+        return False
+
     def stream_data(self, stream_id: int, data: Payload, fin: bool, now: float) -> bool:
         """Bytes of a stream arrived. Returns False when they only extended the payload of a
         MESSAGE still incomplete (no output, no timer changed: the caller may skip draining
         the outputs), True otherwise."""
         if self.closed:
             return False
-        if not self._handshake_complete:
-            # §2.11: act on nothing before the handshake completes (no 0-RTT).
-            self._early.append(lambda: self.stream_data(stream_id, data, fin, self.now))
+        if self.peer_headers is None and not self._count_early(len(data)):
             return True
+        if not self._early_ok:
+            # §2.11: act on nothing before the handshake completes, unless 0-RTT is on.
+            self._early.append(lambda: self._stream_data(stream_id, data, fin, self.now))
+            return True
+        return self._stream_data(stream_id, data, fin, now)
+
+    def _stream_data(self, stream_id: int, data: Payload, fin: bool, now: float) -> bool:
+        if self.closed:
+            return False
         self.now = now
         seq = self._in.get(stream_id)
-        if seq is not None and not fin and seq.parser is not None and seq.parser.absorb(data):
-            return False  # more payload of a large MESSAGE: no frame completed yet
+        if (
+            seq is not None
+            and not fin
+            and seq.parser is not None
+            and seq.parser.head is seq.reserved_head
+            and seq.parser.absorb(data)
+        ):
+            return False  # more payload of a large MESSAGE, already charged: no frame yet
         try:
             if seq is None:
                 seq = self._in[stream_id] = _Seq(
@@ -241,6 +314,8 @@ class Connection:
             assert seq.parser is not None
             if data:
                 self._process(seq, seq.parser.feed(data))
+                if seq.parser.head is not seq.reserved_head:
+                    self._charge(seq)
             if fin:
                 del self._in[stream_id]
                 seq.parser.finish()
@@ -253,17 +328,26 @@ class Connection:
         """The peer reset a stream: a partial frame is dropped, earlier frames stand."""
         if self.closed:
             return
-        if not self._handshake_complete:
+        if not self._early_ok:
             self._early.append(lambda: self.stream_reset(stream_id, self.now))
             return
         self.now = now
-        self._in.pop(stream_id, None)
+        seq = self._in.pop(stream_id, None)
+        if seq is not None:
+            self._uncharge(seq)
 
     def datagram_received(self, data: bytes, now: float) -> None:
         if self.closed:
             return
-        if not self._handshake_complete:
-            self._early.append(lambda: self.datagram_received(data, self.now))
+        if self.peer_headers is None and not self._count_early(len(data)):
+            return
+        if not self._early_ok:
+            self._early.append(lambda: self._datagram_received(data, self.now))
+            return
+        self._datagram_received(data, now)
+
+    def _datagram_received(self, data: bytes, now: float) -> None:
+        if self.closed:
             return
         self.now = now
         try:
@@ -451,7 +535,7 @@ class Connection:
 
     @property
     def can_send_data(self) -> bool:
-        return self._handshake_complete and not self.closed
+        return self._early_ok and not self.closed
 
     def transport_ready(self) -> bool:
         return self.tx_budget is None or self.tx_backlog < self.tx_budget
@@ -644,6 +728,17 @@ class Connection:
 
     def _routed(self, seq: _Seq, frame: Frame) -> None:
         kind = type(frame)
+        reserved = 0
+        if seq.reserved is not None and kind is Message:
+            # The unfinished MESSAGE charged by _charge is complete: this is it.
+            charged, reserved, loose = seq.reserved
+            seq.reserved = None
+            if loose:
+                self._loose_partial -= reserved
+            if charged is None or charged is not self.receivers.get(seq.route):
+                if charged is not None:
+                    charged.release(reserved)
+                reserved = 0
         if kind is RouteTo:
             seq.route = frame.chanid  # type: ignore[union-attr]
             self._resolve(seq, seq.route)
@@ -688,13 +783,52 @@ class Connection:
         if rm is None:
             self._missing(seq, chanid)
         elif kind is Message:
-            rm.on_message(frame, seq.datagram)  # type: ignore[arg-type]
+            rm.on_message(frame, seq.datagram, reserved)  # type: ignore[arg-type]
         elif kind is SentUnreliable:
             rm.on_sent_unreliable(frame.count)  # type: ignore[union-attr]
         elif kind is FinishSender:
             rm.on_finish(frame.sent_reliable)  # type: ignore[union-attr]
         else:
             rm.on_cancel()
+
+    def _charge(self, seq: _Seq) -> None:
+        """A MESSAGE head arrived whose payload is still coming: charge its bytes now, to the
+        channel's window and, where no attached channel's window covers them, to the
+        connection's cap for unattached bytes. Memory then grows only with what we granted,
+        never with a payload length a peer merely announces."""
+        parser = seq.parser
+        assert parser is not None
+        head = parser.head
+        if head is None:
+            seq.reserved_head = None
+            return
+        if self.peer_headers is None:
+            return  # routes are not resolved yet; the bytes count in _count_early
+        seq.reserved_head = head
+        cost = head.payload_len
+        rm = None if seq.ignore else self.receivers.get(seq.route)
+        loose = rm is None or not self.endpoints[rm.chanid].attached
+        seq.reserved = (rm, cost, loose)
+        if rm is not None:
+            rm.reserve(cost)
+        if loose:
+            self._loose_partial += cost
+            if self._unattached_bytes + self._loose_partial > self.config.max_pending_bytes:
+                raise RemoteProtocolError(
+                    "too many bytes of unfinished messages for channels that are not attached",
+                    CloseCode.LIMIT_VIOLATION,
+                )
+
+    def _uncharge(self, seq: _Seq) -> None:
+        """The stream of an unfinished, charged MESSAGE was reset: release its charge."""
+        if seq.reserved is None:
+            return
+        charged, cost, loose = seq.reserved
+        seq.reserved = None
+        if charged is not None:
+            charged.release(cost)
+        if loose:
+            self._loose_partial -= cost
 
     def _resolve(self, seq: _Seq, chanid: int) -> None:
         """ROUTE_TO: find (or, for remote-created channels, create) the channel state."""

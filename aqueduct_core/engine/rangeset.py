@@ -37,6 +37,18 @@ class RangeSet:
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self._starts, self._stops, strict=True))
 
+    def ranges_within(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The members in ``[start, stop)`` as sorted half-open ranges, clipped to it."""
+        out = []
+        i = max(bisect_right(self._starts, start) - 1, 0)
+        starts, stops = self._starts, self._stops
+        while i < len(starts) and starts[i] < stop:
+            a, b = max(starts[i], start), min(stops[i], stop)
+            if a < b:
+                out.append((a, b))
+            i += 1
+        return out
+
     def add(self, value: int) -> None:
         self.add_range(value, value + 1)
 

@@ -47,7 +47,8 @@ class ReceiverSM:
         self.rel_unacked: list[int] = []
         self.unrel_cursor = 0
         """Unreliable numbers below this are decided (the ACK_NACK base, G9)."""
-        self.unrel_pending: set[int] = set()
+        self.unrel_pending = RangeSet()
+        """Unreliable numbers received at or above ``unrel_cursor``, not yet acked."""
         self.unrel_known = 0
         """Unreliable numbers below this are known to have been sent (G14)."""
         self.unrel_declared = 0
@@ -64,7 +65,9 @@ class ReceiverSM:
 
     # -- frames from the sender --------------------------------------------------------
 
-    def on_message(self, frame: Message, datagram: bool) -> None:
+    def on_message(self, frame: Message, datagram: bool, reserved: int = 0) -> None:
+        """``reserved``: bytes of this message already charged by :meth:`reserve` while its
+        payload was arriving."""
         n = frame.num
         if datagram:
             if self.oneshot:
@@ -77,6 +80,7 @@ class ReceiverSM:
                 raise RemoteProtocolError("unreliable MESSAGE_NUM beyond the declared total")
             if n == MAX_U64:
                 raise RemoteProtocolError("MESSAGE_NUM 2**64-1 is not allowed")
+            self._check_gap(n, self.unrel_cursor, "unreliable")
             self.unrel_pending.add(n)
             self._raise_known(n + 1)
         else:
@@ -88,12 +92,13 @@ class ReceiverSM:
                 raise RemoteProtocolError(f"MESSAGE_NUM {n} is beyond FINISH_SENDER's count")
             if self.oneshot and n != 0:
                 raise RemoteProtocolError("a oneshot channel carries only message 0")
+            self._check_gap(n, self.rel_base, "reliable")
             self.received.add(n)
             self.rel_unacked.append(n)
         cost = self.conn.message_arrived(self, frame)
         if self.conn.own_window is not None:
             window = self.conn.own_window
-            self.in_flight += cost
+            self.in_flight += cost - reserved
             if self.in_flight > window and self.in_flight != cost:
                 raise RemoteProtocolError(
                     f"sender exceeded the flow-control window ({self.in_flight} > {window})",
@@ -117,7 +122,40 @@ class ReceiverSM:
         self.unrel_declared += count
         if self.unrel_declared > MAX_U64:
             raise RemoteProtocolError("SENT_UNRELIABLE total overflows")
+        if count:
+            self._check_gap(self.unrel_declared - 1, self.unrel_cursor, "unreliable")
         self._raise_known(self.unrel_declared)
+
+    def _check_gap(self, n: int, cursor: int, space: str) -> None:
+        """G31: a message number may lie at most ``max_message_gap`` beyond the lowest number
+        still undecided, so no peer can make us track (or ack) numbers it never sent."""
+        limit = self.conn.config.max_message_gap
+        if n - cursor >= limit:
+            raise RemoteProtocolError(
+                f"{space} MESSAGE_NUM {n} is {n - cursor} beyond the lowest undecided number "
+                f"{cursor}; at most {limit} are allowed (G31)",
+                CloseCode.LIMIT_VIOLATION,
+            )
+
+    def reserve(self, cost: int) -> None:
+        """The head of a MESSAGE costing ``cost`` arrived; its payload is still coming.
+        Charge the window now, so bytes of unfinished messages are never held beyond what we
+        granted (the same progress rule as for a complete message)."""
+        window = self.conn.own_window
+        if window is None:
+            return
+        self.in_flight += cost
+        if self.in_flight > window and self.in_flight != cost:
+            raise RemoteProtocolError(
+                f"sender exceeded the flow-control window with an unfinished message "
+                f"({self.in_flight} > {window})",
+                CloseCode.LIMIT_VIOLATION,
+            )
+
+    def release(self, cost: int) -> None:
+        """An unfinished message charged by :meth:`reserve` was dropped (its stream reset)."""
+        if self.conn.own_window is not None:
+            self.in_flight -= cost
 
     def on_finish(self, count: int) -> None:
         if self.finish_count is not None or self.cancelled:
@@ -146,9 +184,8 @@ class ReceiverSM:
             return
         if self.received.first_gap(self.rel_base) < count:
             return
-        upto = self.unrel_cursor
-        while upto < self.unrel_declared and upto in self.unrel_pending:
-            upto += 1  # received, so final_acks will ack it: nothing left to wait for
+        # received numbers will be acked by final_acks: nothing left to wait for
+        upto = self.unrel_pending.first_gap(self.unrel_cursor)
         if upto < self.unrel_declared:
             return  # unreliable numbers still missing: never nack early (case 43)
         self.conn.receiver_closed(self, Terminal.FINISHED)
@@ -202,20 +239,19 @@ class ReceiverSM:
             self.received.discard_below(self.rel_base)
         cursor = self.unrel_cursor
         pending = self.unrel_pending
-        upto = max(cursor, decide_upto)
-        while upto in pending:
-            upto += 1
+        upto = pending.first_gap(max(cursor, decide_upto))
         if upto > cursor:
-            decisions = [n in pending for n in range(cursor, upto)]
-            push_frame(buf, AckNackUnreliable(wr.encode_ack_nack(decisions)))
-            pending.difference_update(range(cursor, upto))
+            # Work and bytes are per run of received numbers, never per number (G31).
+            acked = pending.ranges_within(cursor, upto)
+            push_frame(buf, AckNackUnreliable(wr.encode_ack_nack_runs(cursor, upto, acked)))
+            pending.discard_below(upto)
             self.unrel_cursor = upto
 
     def final_acks(self) -> bytes:
         """Acks for everything received, before CLOSE_RECEIVER (G17). Received unreliable
         numbers beyond a gap are acked by deciding the gap (CLOSE nacks it anyway)."""
         buf = bytearray()
-        upto = max(self.unrel_pending) + 1 if self.unrel_pending else 0
+        upto = self.unrel_pending.ranges()[-1][1] if self.unrel_pending else 0
         self._push_acks(buf, decide_upto=upto)
         push_frame(buf, CloseReceiver())
         return bytes(buf)

@@ -77,7 +77,8 @@ class StreamParser:
         self.flow_control = flow_control
         self._grammar = _Grammar()
         self._buf = b""
-        self._head: MessageHead | None = None
+        self.head: MessageHead | None = None
+        """The MESSAGE whose payload is being gathered (read-only outside this class)."""
         self._chunks: list[_Chunk] = []
         self._need = 0
 
@@ -96,13 +97,13 @@ class StreamParser:
     @property
     def mid_frame(self) -> bool:
         """True when bytes of an incomplete frame are buffered."""
-        return bool(self._buf) or self._head is not None
+        return bool(self._buf) or self.head is not None
 
     def absorb(self, data: _Chunk) -> bool:
         """Take ``data`` if it is all payload of the MESSAGE being gathered and does not
         complete it (the common case for a large message: most packets). Returns False,
         taking nothing, otherwise; then :meth:`feed` must be called."""
-        if self._head is None or len(data) >= self._need:
+        if self.head is None or len(data) >= self._need:
             return False
         self._chunks.append(_keepable(data))
         self._need -= len(data)
@@ -113,14 +114,14 @@ class StreamParser:
             return []
         frames: list[Frame] = []
         view = memoryview(data)
-        if self._head is not None:
+        if self.head is not None:
             take = min(self._need, len(view))
             self._chunks.append(_keepable(view[:take]))
             self._need -= take
             if self._need:
                 return frames
-            head = self._head
-            self._head = None
+            head = self.head
+            self.head = None
             payload = b"".join(self._chunks)
             self._chunks = []
             # The grammar was checked when the head arrived.
@@ -143,7 +144,7 @@ class StreamParser:
                         pos = stop
                     else:
                         # Payload incomplete: gather it from later chunks without rebuffering.
-                        self._head = head
+                        self.head = head
                         self._chunks = [bytes(view[ppos:end])]
                         self._need = stop - end
                         self._buf = b""
@@ -162,7 +163,7 @@ class StreamParser:
     def reset(self) -> None:
         """The stream was reset: drop any partially received frame (§2.1)."""
         self._buf = b""
-        self._head = None
+        self.head = None
         self._chunks = []
         self._need = 0
 

@@ -82,6 +82,34 @@ def encode_ack_nack(decisions: Sequence[bool]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def encode_ack_nack_runs(
+    cursor: int, upto: int, acked: Sequence[tuple[int, int]]
+) -> tuple[int, ...]:
+    """Run list deciding ``[cursor, upto)``: the sorted, disjoint, non-adjacent half-open
+    ``acked`` ranges are acked, the rest nacked. Its size depends on the number of ranges,
+    never on the number of messages decided."""
+    if upto <= cursor:
+        raise LocalProtocolError("ACK_NACK_UNRELIABLE must decide at least one number")
+    out: list[int] = []
+    pos = cursor
+    for start, stop in acked:
+        if start < pos or stop <= start or stop > upto:
+            raise LocalProtocolError(f"acked range [{start}, {stop}) is out of order or bounds")
+        if start > pos:
+            if not out:
+                out.append(0)  # no leading ack run
+            out.append(start - pos)
+        elif out:
+            raise LocalProtocolError("adjacent acked ranges must be merged")
+        out.append(stop - start)
+        pos = stop
+    if pos < upto:
+        if not out:
+            out.append(0)
+        out.append(upto - pos)
+    return tuple(out)
+
+
 def ack_nack_runs(cursor: int, ranges: Sequence[int]) -> list[tuple[int, int, bool]]:
     """``(start, stop, acked)`` runs of an ACK_NACK_UNRELIABLE read from ``cursor``."""
     runs = []

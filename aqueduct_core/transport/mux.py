@@ -1,0 +1,741 @@
+"""Aqueduct over TCP: the stream multiplexer, sans-IO.
+
+Theory of operation
+===================
+
+The engine speaks QUIC's vocabulary: unidirectional streams (client ids 2 mod 4, server ids
+3 mod 4) that it writes, finishes and resets, plus unreliable datagrams. Over one TLS/TCP
+connection this module supplies the same vocabulary, in the spirit of minmux and bpmux
+(``shared/spec/003``, ``004``): every byte on the wire is a *frame* with a 6-byte header
+(type, flags, body length) and the frames of many streams interleave. The wire format is
+specified in ``docs/protocol-profile.md`` ("Aqueduct over TCP"); this is its implementation,
+with no sockets, no event loop and no clock (time is an argument, as in the engine).
+
+*Receiving.* :meth:`MuxConnection.receive_data` takes whatever bytes TCP delivered and returns
+events. STREAM payload is never buffered here: each piece is returned as a memoryview of the
+caller's buffer (valid until the caller reuses it; the engine copies what it keeps), so a
+large message costs no copy in the multiplexer. Control frames are gathered whole (they are
+small, and bounded by ``max_frame_size``). Every rule a peer can break raises
+:class:`MuxProtocolError` (a :class:`RemoteProtocolError` with the close code): any input
+either parses or raises that error (the h11 fuzz invariant), and the error has already queued
+a CLOSE frame for the peer.
+
+*Credit.* Each stream has its own window of bytes (minmux's GiveCredit): a sender may have at
+most the receiver's window outstanding on a stream. Because the transport hands every payload
+byte to the engine at once (as the QUIC adapter does), the receiver treats parsed bytes as
+consumed and tops the window up when half of it is used; ``auto_credit=False`` leaves granting
+to :meth:`grant` (tests use it to stall one stream and watch the others flow). Sending more
+than the credit is a LIMIT_VIOLATION. Credit is per stream only: the connection-wide limit is
+TCP's own window, so a stalled stream never holds back another beyond TCP's ordering.
+
+*Sending.* Writes are queued per stream as memoryviews (no copies) and leave in chunks of at
+most ``chunk_size`` bytes, streams taking turns (round robin), so one large message does not
+hold back the others for longer than one chunk. :meth:`data_to_send` returns a list of
+buffers for ``writelines``: control frames first, then datagrams, then stream chunks.
+A stream's first frame leaves in the order the streams were opened (the receiver requires
+increasing ids), and at most ``max_streams`` of the peer's setting are open at once; further
+streams wait, in order. Datagrams wait in a queue of at most ``datagram_queue`` bytes; when it
+is full the oldest are dropped, which is what "unreliable" means here: the engine already
+declares and nacks datagrams that never arrive.
+
+*Liveness.* A PING is sent every ``ping_interval``; a PING unanswered for the idle timeout, or
+nothing at all received for the idle timeout, closes the connection with code
+:data:`IDLE_TIMEOUT`. The first catches a peer that keeps sending but stopped reading.
+
+*Closing.* :meth:`close` discards queued data (as QUIC does), queues CLOSE with a code and a
+reason, and ends the connection; after CLOSE has been handed out, the transport closes TCP.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError
+from aqueduct_core.wire.frames import Payload
+
+ALPN = "aqueduct-tcp"
+"""The TLS ALPN value of Aqueduct over TCP."""
+
+HEADER = struct.Struct(">BBI")
+"""type (u8), flags (u8), body length (u32), big-endian."""
+HEADER_SIZE = HEADER.size
+_STREAM_HEAD = struct.Struct(">BBIQ")
+_U64 = struct.Struct(">Q")
+_TWO_U64 = struct.Struct(">QQ")
+_SETTING = struct.Struct(">HQ")
+
+MAX_VARINT = (1 << 62) - 1
+"""Largest stream id, credit total and code (as in QUIC)."""
+MIN_FRAME_SIZE = 16384
+"""Every endpoint accepts frame bodies at least this large."""
+MAX_FRAME_SIZE = (1 << 24) - 1
+MAX_SETTINGS_BODY = 640
+"""64 settings; a SETTINGS frame above this is a LIMIT_VIOLATION."""
+MAX_REASON = 1024
+"""Bytes of CLOSE reason sent at most (a longer reason is truncated)."""
+IDLE_TIMEOUT = 6
+"""Close code of Aqueduct over TCP: the peer was silent, or left a PING unanswered, for the
+idle timeout (on QUIC the library closes silently)."""
+
+
+class FrameType(enum.IntEnum):
+    SETTINGS = 0x01
+    STREAM = 0x02
+    RESET = 0x03
+    CREDIT = 0x04
+    DATAGRAM = 0x05
+    PING = 0x06
+    CLOSE = 0x07
+
+
+FLAG_FIN = 0x01
+"""STREAM: the last frame of the stream."""
+FLAG_ACK = 0x01
+"""PING: this is the answer (pong)."""
+
+
+class Setting(enum.IntEnum):
+    MAX_FRAME_SIZE = 0x1
+    INITIAL_STREAM_CREDIT = 0x2
+    MAX_STREAMS = 0x3
+    MAX_DATAGRAM = 0x4
+    IDLE_TIMEOUT_MS = 0x5
+
+
+class MuxProtocolError(RemoteProtocolError):
+    """The peer broke the multiplexing rules; ``code`` is the close code sent to it."""
+
+
+@dataclass(frozen=True)
+class MuxSettings:
+    """Our side of the multiplexer. Sizes in bytes, times in seconds. Each limit is checked
+    against the peer (``docs/protocol-profile.md``, "Aqueduct over TCP")."""
+
+    max_frame_size: int = 1024 * 1024
+    """Largest frame body we accept (STREAM: id plus data). A larger frame: LIMIT_VIOLATION."""
+    initial_stream_credit: int = 16 * 1024 * 1024
+    """Bytes the peer may send on each stream it opens before we grant more."""
+    max_streams: int = 10_000
+    """Streams the peer may have open at once. One more: LIMIT_VIOLATION."""
+    max_datagram: int = 65536
+    """Largest DATAGRAM body we accept (0: none). Larger: LIMIT_VIOLATION."""
+    datagram_queue: int = 256 * 1024
+    """Bytes of outgoing datagrams kept while TCP is busy; beyond it the oldest are dropped."""
+    chunk_size: int = 256 * 1024
+    """Largest STREAM payload we send in one frame (streams take turns per chunk)."""
+    idle_timeout: float = 30.0
+    """Close after this long without a byte from the peer or an answer to our PING."""
+    ping_interval: float = 10.0
+    """Send a PING this often (at most a third of the idle timeout)."""
+
+    def __post_init__(self) -> None:
+        if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE:
+            raise ValueError(f"max_frame_size must be in [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]")
+        if not 0 <= self.max_datagram <= self.max_frame_size:
+            raise ValueError("max_datagram must be in [0, max_frame_size]")
+        if not 1 <= self.initial_stream_credit <= MAX_VARINT:
+            raise ValueError("initial_stream_credit must be at least 1")
+        if not 1 <= self.max_streams <= MAX_VARINT:
+            raise ValueError("max_streams must be at least 1")
+        if self.chunk_size < 1024 or self.datagram_queue < 0:
+            raise ValueError("chunk_size must be at least 1024, datagram_queue not negative")
+        if self.idle_timeout <= 0 or self.ping_interval <= 0:
+            raise ValueError("idle_timeout and ping_interval must be positive")
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    max_frame_size: int = MIN_FRAME_SIZE
+    initial_stream_credit: int = 0
+    max_streams: int = 0
+    max_datagram: int = 0
+    idle_timeout: float | None = None
+
+
+# -- events -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PeerReady:
+    """The peer's SETTINGS arrived: streams and datagrams may flow."""
+
+    settings: PeerSettings
+
+
+@dataclass(slots=True)
+class StreamData:
+    """Bytes of a stream; ``data`` may be a view of the caller's receive buffer."""
+
+    stream_id: int
+    data: Payload
+    fin: bool
+
+
+@dataclass(slots=True)
+class StreamReset:
+    stream_id: int
+    code: int
+
+
+@dataclass(slots=True)
+class DatagramReceived:
+    data: bytes
+
+
+@dataclass(slots=True)
+class ConnectionClosed:
+    """The connection ended: the peer's CLOSE (``by_peer``) or our idle timeout."""
+
+    code: int
+    reason: str
+    by_peer: bool
+
+
+MuxEvent = PeerReady | StreamData | StreamReset | DatagramReceived | ConnectionClosed
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+
+def encode_frame(ftype: int, flags: int, body: bytes = b"") -> bytes:
+    return HEADER.pack(ftype, flags, len(body)) + body
+
+
+def encode_settings(values: dict[int, int]) -> bytes:
+    body = b"".join(_SETTING.pack(k, v) for k, v in values.items())
+    return encode_frame(FrameType.SETTINGS, 0, body)
+
+
+def encode_close(code: int, reason: str) -> bytes:
+    text = reason.encode("utf-8")[:MAX_REASON].decode("utf-8", "ignore").encode("utf-8")
+    return encode_frame(FrameType.CLOSE, 0, _U64.pack(code) + text)
+
+
+def _fail(code: CloseCode, message: str) -> MuxProtocolError:
+    return MuxProtocolError(f"mux: {message}", code)
+
+
+# -- state --------------------------------------------------------------------------------
+
+
+class _SendStream:
+    __slots__ = ("credit", "fin", "in_ring", "queue", "queued", "sid")
+
+    def __init__(self, sid: int) -> None:
+        self.sid = sid
+        self.queue: deque[memoryview] = deque()
+        self.queued = 0
+        self.credit = 0
+        self.fin = False
+        self.in_ring = False
+
+    @property
+    def eligible(self) -> bool:
+        """It has something it may send now (a FIN alone needs no credit)."""
+        return bool((self.queued and self.credit) or (self.fin and not self.queued))
+
+
+class _RecvStream:
+    __slots__ = ("limit", "received")
+
+    def __init__(self, limit: int) -> None:
+        self.received = 0
+        self.limit = limit
+
+
+_HEAD, _STREAM_ID, _BODY = 0, 1, 2
+
+
+class MuxConnection:
+    """One end of a multiplexed TCP connection (``client``: we opened the connection)."""
+
+    def __init__(
+        self,
+        client: bool,
+        settings: MuxSettings | None = None,
+        *,
+        now: float = 0.0,
+        auto_credit: bool = True,
+    ) -> None:
+        self.client = client
+        self.settings = s = settings or MuxSettings()
+        self.auto_credit = auto_credit
+        self.peer: PeerSettings | None = None
+        self.closed = False
+        self.close_code: int | None = None
+        self.datagrams_dropped = 0
+        """Outgoing datagrams dropped because the queue was full (or too large for the peer)."""
+        self._own_parity = 2 if client else 3
+        self._peer_parity = 3 if client else 2
+        # receive state
+        self._stage = _HEAD
+        self._need = HEADER_SIZE
+        self._acc = bytearray()
+        self._ftype = 0
+        self._flags = 0
+        self._length = 0
+        self._sid = 0
+        self._body_left = 0
+        self._fin = False
+        self._recv: dict[int, _RecvStream] = {}
+        self._peer_highest = -1
+        self._credit_due: dict[int, int] = {}
+        # send state
+        self._send: dict[int, _SendStream] = {}
+        self._created_highest = -1
+        self._wire_highest = -1
+        self._open = 0
+        self._waiting: deque[_SendStream] = deque()
+        self._ring: deque[_SendStream] = deque()
+        self._urgent: list[bytes | memoryview] = []
+        self._datagrams: deque[bytes] = deque()
+        self._datagram_bytes = 0
+        self._pong: bytes | None = None
+        self.buffered = 0
+        """Bytes of stream data and datagrams queued here, not yet handed out."""
+        self.close_sent = False
+        # liveness
+        self._last_rx = now
+        self._ping_at = now
+        self._ping_out: bytes | None = None
+        self._urgent.append(
+            encode_settings(
+                {
+                    Setting.MAX_FRAME_SIZE: s.max_frame_size,
+                    Setting.INITIAL_STREAM_CREDIT: s.initial_stream_credit,
+                    Setting.MAX_STREAMS: s.max_streams,
+                    Setting.MAX_DATAGRAM: s.max_datagram,
+                    Setting.IDLE_TIMEOUT_MS: int(s.idle_timeout * 1000),
+                }
+            )
+        )
+
+    # == receiving =========================================================================
+
+    def receive_data(self, data: Payload, now: float) -> list[MuxEvent]:
+        """Parse bytes from TCP. Raises MuxProtocolError (CLOSE already queued) on a
+        violation; returns [] once closed."""
+        if self.closed:
+            return []
+        self._last_rx = now
+        events: list[MuxEvent] = []
+        try:
+            self._parse(memoryview(data).cast("B"), events)
+        except MuxProtocolError as exc:
+            self.close(int(exc.code), str(exc))
+            raise
+        return events
+
+    def _parse(self, view: memoryview, events: list[MuxEvent]) -> None:
+        pos, end = 0, len(view)
+        while pos < end and not self.closed:
+            left = self._body_left
+            if left:
+                take = min(left, end - pos)
+                self._body_left = left = left - take
+                events.append(StreamData(self._sid, view[pos : pos + take], self._fin and not left))
+                pos += take
+                continue
+            need = self._need
+            acc = self._acc
+            if not acc and end - pos >= need:
+                chunk = view[pos : pos + need]
+                pos += need
+            else:
+                take = min(need - len(acc), end - pos)
+                acc += view[pos : pos + take]
+                pos += take
+                if len(acc) < need:
+                    return
+                chunk = memoryview(bytes(acc))
+                acc.clear()
+            self._on_chunk(chunk, events)
+
+    def _on_chunk(self, chunk: memoryview, events: list[MuxEvent]) -> None:
+        stage = self._stage
+        if stage == _HEAD:
+            ftype, flags, length = HEADER.unpack(chunk)
+            self._header(ftype, flags, length, events)
+        elif stage == _STREAM_ID:
+            self._stream_header(_U64.unpack(chunk)[0], events)
+        else:
+            self._stage, self._need = _HEAD, HEADER_SIZE
+            self._control(self._ftype, self._flags, chunk, events)
+
+    def _header(self, ftype: int, flags: int, length: int, events: list[MuxEvent]) -> None:
+        if self.peer is None and ftype != FrameType.SETTINGS:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"frame type {ftype:#x} before SETTINGS")
+        if ftype == FrameType.STREAM:
+            if flags & ~FLAG_FIN:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"STREAM flags {flags:#x}")
+            if length < 8:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, "STREAM frame shorter than its id")
+        elif ftype == FrameType.PING:
+            if flags & ~FLAG_ACK:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"PING flags {flags:#x}")
+            if length != 8:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, "PING body is not 8 bytes")
+        elif ftype in (FrameType.RESET, FrameType.CREDIT):
+            if flags or length != 16:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"malformed {FrameType(ftype).name}")
+        elif ftype == FrameType.SETTINGS:
+            if self.peer is not None:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, "a second SETTINGS frame")
+            if flags or length % _SETTING.size:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, "malformed SETTINGS")
+            if length > MAX_SETTINGS_BODY:
+                raise _fail(CloseCode.LIMIT_VIOLATION, "SETTINGS frame too large")
+        elif ftype == FrameType.DATAGRAM:
+            if flags:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"DATAGRAM flags {flags:#x}")
+            if length > self.settings.max_datagram:
+                raise _fail(
+                    CloseCode.LIMIT_VIOLATION,
+                    f"DATAGRAM of {length} bytes, limit {self.settings.max_datagram}",
+                )
+        elif ftype == FrameType.CLOSE:
+            if flags or length < 8:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, "malformed CLOSE")
+        else:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"unknown frame type {ftype:#x}")
+        if length > self.settings.max_frame_size:
+            raise _fail(
+                CloseCode.LIMIT_VIOLATION,
+                f"frame of {length} bytes, limit {self.settings.max_frame_size}",
+            )
+        self._ftype, self._flags, self._length = ftype, flags, length
+        if ftype == FrameType.STREAM:
+            self._stage, self._need = _STREAM_ID, 8
+        elif length == 0:
+            self._control(ftype, flags, memoryview(b""), events)
+        else:
+            self._stage, self._need = _BODY, length
+
+    def _stream_header(self, sid: int, events: list[MuxEvent]) -> None:
+        self._stage, self._need = _HEAD, HEADER_SIZE
+        n = self._length - 8
+        fin = bool(self._flags & FLAG_FIN)
+        rs = self._peer_stream(sid, "STREAM")
+        if n > rs.limit - rs.received:
+            raise _fail(
+                CloseCode.LIMIT_VIOLATION,
+                f"stream {sid} exceeded its credit ({n} bytes, {rs.limit - rs.received} left)",
+            )
+        rs.received += n
+        if fin:
+            del self._recv[sid]
+            self._credit_due.pop(sid, None)
+        elif self.auto_credit:
+            window = self.settings.initial_stream_credit
+            if rs.limit - rs.received <= window // 2:
+                self._grant(sid, rs, rs.received + window - rs.limit)
+        self._sid, self._fin = sid, fin
+        if n:
+            self._body_left = n
+        else:
+            events.append(StreamData(sid, b"", fin))
+
+    def _peer_stream(self, sid: int, what: str) -> _RecvStream:
+        rs = self._recv.get(sid)
+        if rs is not None:
+            return rs
+        if sid % 4 != self._peer_parity or sid > MAX_VARINT:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, not the peer's")
+        if sid <= self._peer_highest:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, already ended")
+        if len(self._recv) >= self.settings.max_streams:
+            raise _fail(
+                CloseCode.LIMIT_VIOLATION,
+                f"more than {self.settings.max_streams} streams open at once",
+            )
+        self._peer_highest = sid
+        rs = self._recv[sid] = _RecvStream(self.settings.initial_stream_credit)
+        return rs
+
+    def _control(self, ftype: int, flags: int, body: memoryview, events: list[MuxEvent]) -> None:
+        if ftype == FrameType.CREDIT:
+            sid, inc = _TWO_U64.unpack(body)
+            self._on_credit(sid, inc)
+        elif ftype == FrameType.DATAGRAM:
+            events.append(DatagramReceived(bytes(body)))
+        elif ftype == FrameType.PING:
+            if flags & FLAG_ACK:
+                if self._ping_out is not None and body == self._ping_out:
+                    self._ping_out = None
+            else:
+                self._pong = bytes(body)  # only the latest PING is answered
+        elif ftype == FrameType.RESET:
+            sid, code = _TWO_U64.unpack(body)
+            self._peer_stream(sid, "RESET")
+            del self._recv[sid]
+            self._credit_due.pop(sid, None)
+            events.append(StreamReset(sid, code))
+        elif ftype == FrameType.SETTINGS:
+            self._on_settings(body, events)
+        elif ftype == FrameType.CLOSE:
+            code = _U64.unpack(body[:8])[0]
+            reason = bytes(body[8:]).decode("utf-8", "replace")
+            self._end()
+            self.close_code = code
+            events.append(ConnectionClosed(code, reason, True))
+
+    def _on_settings(self, body: memoryview, events: list[MuxEvent]) -> None:
+        seen: dict[int, int] = {}
+        for key, value in _SETTING.iter_unpack(body):
+            if key in seen:
+                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"setting {key:#x} given twice")
+            seen[key] = value
+        frame = seen.get(Setting.MAX_FRAME_SIZE, MIN_FRAME_SIZE)
+        credit = seen.get(Setting.INITIAL_STREAM_CREDIT, 65536)
+        streams = seen.get(Setting.MAX_STREAMS, 100)
+        datagram = seen.get(Setting.MAX_DATAGRAM, 0)
+        idle = seen.get(Setting.IDLE_TIMEOUT_MS, 0)
+        if not MIN_FRAME_SIZE <= frame <= MAX_FRAME_SIZE:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"MAX_FRAME_SIZE {frame} out of range")
+        if not 1 <= credit <= MAX_VARINT or not 1 <= streams <= MAX_VARINT:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, "INITIAL_STREAM_CREDIT or MAX_STREAMS 0")
+        if datagram > frame or idle > MAX_VARINT:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, "MAX_DATAGRAM above MAX_FRAME_SIZE")
+        self.peer = PeerSettings(frame, credit, streams, datagram, idle / 1000 if idle else None)
+        events.append(PeerReady(self.peer))
+        self._open_waiting()
+
+    def _on_credit(self, sid: int, inc: int) -> None:
+        if sid % 4 != self._own_parity or sid > self._wire_highest:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"CREDIT for stream {sid}, never opened")
+        if inc == 0:
+            raise _fail(CloseCode.PROTOCOL_VIOLATION, "CREDIT of 0")
+        s = self._send.get(sid)
+        if s is None:
+            return  # the stream ended (or was reset) while the CREDIT was on its way
+        s.credit += inc
+        if s.credit > MAX_VARINT:
+            raise _fail(CloseCode.LIMIT_VIOLATION, f"credit of stream {sid} above 2^62")
+        self._activate(s)
+
+    # == credit ============================================================================
+
+    def grant(self, stream_id: int, amount: int) -> None:
+        """Allow the peer ``amount`` more bytes on its stream ``stream_id`` (auto_credit off)."""
+        rs = self._recv.get(stream_id)
+        if rs is not None and amount > 0 and not self.closed:
+            self._grant(stream_id, rs, amount)
+
+    def _grant(self, sid: int, rs: _RecvStream, amount: int) -> None:
+        rs.limit += amount
+        self._credit_due[sid] = self._credit_due.get(sid, 0) + amount
+
+    # == sending ===========================================================================
+
+    def write(self, stream_id: int, data: Payload, fin: bool = False) -> None:
+        """Queue ``data`` on our stream ``stream_id`` (opened by its first write; ids must
+        increase). A write to a stream that already ended is dropped, as QUIC drops it."""
+        if self.closed:
+            return
+        s = self._send.get(stream_id)
+        if s is None:
+            if stream_id % 4 != self._own_parity:
+                raise LocalProtocolError(f"stream {stream_id} is not ours to open")
+            if stream_id <= self._created_highest:
+                return  # finished or reset already: a late write
+            self._created_highest = stream_id
+            s = self._send[stream_id] = _SendStream(stream_id)
+            self._waiting.append(s)
+        elif s.fin:
+            return
+        n = len(data)
+        if n:
+            s.queue.append(data if type(data) is memoryview else memoryview(data))
+            s.queued += n
+            self.buffered += n
+        s.fin = fin
+        if self._waiting:
+            self._open_waiting()
+        else:
+            self._activate(s)
+
+    def reset(self, stream_id: int, code: int = 0) -> None:
+        """Abandon our stream: queued data is discarded and RESET sent if it was opened."""
+        s = self._send.pop(stream_id, None)
+        if s is None or self.closed:
+            return
+        self.buffered -= s.queued
+        s.queue.clear()
+        s.queued = 0
+        if s in self._waiting:
+            self._waiting.remove(s)
+            return
+        self._urgent.append(encode_frame(FrameType.RESET, 0, _TWO_U64.pack(stream_id, code)))
+        self._open -= 1
+        self._open_waiting()
+
+    def send_datagram(self, data: bytes) -> bool:
+        """Queue a datagram; False if the peer does not take one this large (dropped).
+        The oldest queued datagrams are dropped to keep the queue within its bound."""
+        peer = self.peer
+        n = len(data)
+        if self.closed or peer is None or n > peer.max_datagram or n > self.settings.datagram_queue:
+            self.datagrams_dropped += 1
+            return False
+        limit = self.settings.datagram_queue
+        while self._datagram_bytes + n > limit:
+            old = self._datagrams.popleft()
+            self._datagram_bytes -= len(old)
+            self.buffered -= len(old)
+            self.datagrams_dropped += 1
+        self._datagrams.append(data)
+        self._datagram_bytes += n
+        self.buffered += n
+        return True
+
+    def close(self, code: int = 0, reason: str = "") -> None:
+        """End the connection: queued data is discarded and CLOSE queued."""
+        if self.closed:
+            return
+        self._end()
+        self.close_code = code
+        self._urgent = [encode_close(code, reason)]
+
+    def _end(self) -> None:
+        self.closed = True
+        self._send.clear()
+        self._waiting.clear()
+        self._ring.clear()
+        self._datagrams.clear()
+        self._datagram_bytes = 0
+        self.buffered = 0
+        self._urgent = []
+        self._credit_due.clear()
+        self._pong = None
+
+    def _open_waiting(self) -> None:
+        peer = self.peer
+        if peer is None or self.closed:
+            return
+        waiting = self._waiting
+        while waiting and self._open < peer.max_streams:
+            s = waiting.popleft()
+            self._open += 1
+            self._wire_highest = s.sid
+            s.credit = peer.initial_stream_credit
+            # The first frame leaves now, in opening order (the peer requires increasing ids).
+            self._chunk(s, self._urgent)
+            self._activate(s)
+
+    def _chunk(self, s: _SendStream, out: list[bytes | memoryview]) -> int:
+        """Append one STREAM frame of ``s`` to ``out``; returns its payload size."""
+        peer = self.peer
+        assert peer is not None
+        n = min(s.queued, s.credit, self.settings.chunk_size, peer.max_frame_size - 8)
+        queue = s.queue
+        views: list[memoryview] = []
+        left = n
+        while left:
+            view = queue[0]
+            if len(view) <= left:
+                queue.popleft()
+                views.append(view)
+                left -= len(view)
+            else:
+                views.append(view[:left])
+                queue[0] = view[left:]
+                left = 0
+        s.queued -= n
+        s.credit -= n
+        self.buffered -= n
+        fin = s.fin and not s.queued
+        out.append(_STREAM_HEAD.pack(FrameType.STREAM, FLAG_FIN if fin else 0, n + 8, s.sid))
+        out.extend(views)
+        if fin:
+            del self._send[s.sid]
+            self._open -= 1  # a waiting stream may open: data_to_send sees to it
+        return n
+
+    def data_to_send(self, max_bytes: int = 1 << 20) -> list[bytes | memoryview]:
+        """Buffers to write, in order (for ``writelines``): about ``max_bytes`` of stream
+        data at most, all pending control frames and datagrams."""
+        out = self._urgent
+        self._urgent = []
+        if self.closed:
+            if out:
+                self.close_sent = True
+            return out
+        if self._credit_due:
+            for sid, inc in self._credit_due.items():
+                out.append(encode_frame(FrameType.CREDIT, 0, _TWO_U64.pack(sid, inc)))
+            self._credit_due.clear()
+        if self._pong is not None:
+            out.append(encode_frame(FrameType.PING, FLAG_ACK, self._pong))
+            self._pong = None
+        if self._datagrams:
+            for d in self._datagrams:
+                out.append(HEADER.pack(FrameType.DATAGRAM, 0, len(d)))
+                out.append(d)
+            self.buffered -= self._datagram_bytes
+            self._datagrams.clear()
+            self._datagram_bytes = 0
+        ring = self._ring
+        budget = max_bytes
+        while ring and budget > 0:
+            s = ring.popleft()
+            s.in_ring = False
+            if s.sid not in self._send or not s.eligible:
+                continue
+            budget -= self._chunk(s, out)
+            self._activate(s)
+        if self._waiting:
+            self._open_waiting()
+            out.extend(self._urgent)
+            self._urgent = []
+        return out
+
+    def _activate(self, s: _SendStream) -> None:
+        """Let ``s`` take turns if it has something to send (streams not yet opened wait)."""
+        if not s.in_ring and s.sid <= self._wire_highest and s.sid in self._send and s.eligible:
+            s.in_ring = True
+            self._ring.append(s)
+
+    @property
+    def has_data(self) -> bool:
+        """Whether :meth:`data_to_send` would return something."""
+        return bool(self._urgent or self._credit_due or self._pong or self._datagrams or self._ring)
+
+    # == timers ============================================================================
+
+    def _idle_timeout(self) -> float:
+        own = self.settings.idle_timeout
+        peer = self.peer.idle_timeout if self.peer is not None else None
+        return min(own, peer) if peer else own
+
+    def next_timer(self) -> float | None:
+        if self.closed:
+            return None
+        idle = self._idle_timeout()
+        when = self._last_rx + idle
+        if self._ping_out is not None:
+            return min(when, self._ping_at + idle)
+        return min(when, self._ping_at + min(self.settings.ping_interval, idle / 3))
+
+    def handle_timer(self, now: float) -> list[MuxEvent]:
+        if self.closed:
+            return []
+        idle = self._idle_timeout()
+        reason = ""
+        if now >= self._last_rx + idle:
+            reason = f"nothing received from the peer for {idle:g} s"
+        elif self._ping_out is not None and now >= self._ping_at + idle:
+            reason = f"the peer left a PING unanswered for {idle:g} s (it stopped reading?)"
+        if reason:
+            self.close(IDLE_TIMEOUT, reason)
+            return [ConnectionClosed(IDLE_TIMEOUT, reason, False)]
+        if self._ping_out is None and now >= self._ping_at + min(
+            self.settings.ping_interval, idle / 3
+        ):
+            self._ping_out = os.urandom(8)
+            self._ping_at = now
+            self._urgent.append(encode_frame(FrameType.PING, 0, self._ping_out))
+        return []

@@ -106,6 +106,7 @@ class _Seq:
     __slots__ = (
         "checked",
         "datagram",
+        "fragment",
         "ignore",
         "parser",
         "pending",
@@ -121,6 +122,8 @@ class _Seq:
         self.ignore = False
         self.checked = False
         self.pending: list[Frame] = []
+        self.fragment = 0
+        """Bytes of an incomplete frame head this stream's parser holds, as last counted."""
         self.reserved_head: MessageHead | None = None
         """The unfinished MESSAGE whose bytes are charged (see ``Connection._charge``)."""
         self.reserved: tuple[ReceiverSM | None, int, bool] | None = None
@@ -316,6 +319,8 @@ class Connection:
                 self._process(seq, seq.parser.feed(data))
                 if seq.parser.head is not seq.reserved_head:
                     self._charge(seq)
+                if seq.parser.fragment_bytes != seq.fragment:
+                    self._count_fragment(seq, seq.parser.fragment_bytes)
             if fin:
                 del self._in[stream_id]
                 seq.parser.finish()
@@ -819,8 +824,21 @@ class Connection:
                     CloseCode.LIMIT_VIOLATION,
                 )
 
+    def _count_fragment(self, seq: _Seq, nbytes: int) -> None:
+        """Incomplete frame heads (up to the header and list limits each) are held per
+        stream; across thousands of streams they count against ``max_pending_bytes``."""
+        grew = nbytes > seq.fragment
+        self._loose_partial += nbytes - seq.fragment
+        seq.fragment = nbytes
+        if grew and self._unattached_bytes + self._loose_partial > self.config.max_pending_bytes:
+            raise RemoteProtocolError(
+                "too many bytes of unfinished frames across streams", CloseCode.LIMIT_VIOLATION
+            )
+
     def _uncharge(self, seq: _Seq) -> None:
-        """The stream of an unfinished, charged MESSAGE was reset: release its charge."""
+        """A stream was reset: release what its unfinished frame was charged."""
+        self._loose_partial -= seq.fragment
+        seq.fragment = 0
         if seq.reserved is None:
             return
         charged, cost, loose = seq.reserved

@@ -95,6 +95,12 @@ class StreamParser:
         return self._grammar.count
 
     @property
+    def fragment_bytes(self) -> int:
+        """Bytes of an incomplete frame head held (a MESSAGE payload being gathered is not
+        counted here: see ``head``)."""
+        return len(self._buf)
+
+    @property
     def mid_frame(self) -> bool:
         """True when bytes of an incomplete frame are buffered."""
         return bool(self._buf) or self.head is not None

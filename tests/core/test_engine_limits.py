@@ -198,3 +198,26 @@ def test_headers_then_data_is_not_counted_as_early() -> None:
     peer.stream([Version(), ConnectionHeaders(())])
     peer.routed(ENTRYPOINT, Message(0, (), (), b"p" * 100_000), version=True)
     assert_open(peer)
+
+
+def test_incomplete_frame_heads_across_many_streams_are_capped() -> None:
+    """Each stream may hold an unfinished MESSAGE head (up to the 64 KiB header limit);
+    thousands of streams of those count against max_pending_bytes."""
+    peer = server(EngineConfig(max_pending_bytes=4 * MiB))
+    headers = ((b"k", b"v" * 60_000),)
+    head = encode_frames(Version(), RouteTo(ENTRYPOINT), Message(0, headers, (), b""))
+    for _ in range(80):
+        peer.stream(head[:-100], fin=False)
+        if peer.close_code is not None:
+            break
+    assert_violation(peer, CloseCode.LIMIT_VIOLATION)
+    assert "unfinished frames" in peer.wire.closes[0].reason
+
+
+def test_a_reset_stream_gives_its_fragment_back() -> None:
+    peer = server(EngineConfig(max_pending_bytes=4 * MiB))
+    headers = ((b"k", b"v" * 60_000),)
+    head = encode_frames(Version(), RouteTo(ENTRYPOINT), Message(0, headers, (), b""))
+    for _ in range(200):
+        peer.reset(peer.stream(head[:-100], fin=False))
+    assert_open(peer)

@@ -89,6 +89,8 @@ class Connection:
         self._timer_at: float | None = None
         self._entrypoint: Sender | None = None
         self.on_ready: Callable[[Connection], None] | None = None
+        self.transport = "quic"
+        """What carries this connection: ``quic``, ``tcp`` or ``memory``."""
 
     # -- public ------------------------------------------------------------------------
 

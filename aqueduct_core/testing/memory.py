@@ -86,6 +86,7 @@ async def memory_pair(
     codecs = codecs or builtin_codecs()
     client = Connection(client_engine(config, client_headers, codecs), codecs)
     server = Connection(server_engine(config, server_headers, codecs), codecs)
+    client.transport = server.transport = "memory"
     cd, sd = _MemoryDriver(client), _MemoryDriver(server)
     cd.peer, sd.peer = server, client
     client.attach_driver(cd)

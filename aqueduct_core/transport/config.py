@@ -13,8 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from aqueduct_core.engine.config import EngineConfig
+from aqueduct_core.transport.mux import TcpSettings
 
 Backend = Literal["auto", "aioquic", "qh3"]
+Transport = Literal["auto", "quic", "tcp"]
 
 AIOQUIC_MAX_PACKET = 16384
 """aioquic writes every STREAM frame length in 2 bytes: packets above 16414 corrupt data."""
@@ -53,6 +55,11 @@ class TransportConfig:
     max_datagram_frame_size: int = 65536
     """DATAGRAM frames must be enabled: Aqueduct refuses a peer without them."""
     alpn: str = "aqueduct"
+    transport: Transport = "auto"
+    """``quic``, ``tcp`` (TLS over TCP, where UDP is blocked), or ``auto``: QUIC first, TCP
+    after ``tcp.race_delay`` if QUIC has not answered (``AQUEDUCT_TRANSPORT`` overrides it)."""
+    tcp: TcpSettings = field(default_factory=TcpSettings)
+    """Aqueduct over TCP: multiplexer limits and socket knobs."""
     stream_high_water: int = 1024 * 1024
     """Bytes of one stream handed to the QUIC library at a time; the rest waits, without a
     copy, in the adapter (aioquic re-copies its whole unacked buffer on every ACK)."""

@@ -739,3 +739,27 @@ class MuxConnection:
             self._ping_at = now
             self._urgent.append(encode_frame(FrameType.PING, 0, self._ping_out))
         return []
+
+
+@dataclass(frozen=True)
+class TcpSettings:
+    """Aqueduct over TCP: the multiplexer's limits plus the socket-side knobs (measured in
+    ``docs/benchmarks/transport.md``)."""
+
+    mux: MuxSettings = MuxSettings()
+    race_delay: float = 0.25
+    """``transport="auto"``: how long QUIC has alone before TCP joins the race (RFC 8305's
+    connection attempt delay)."""
+    read_buffer: int = 256 * 1024
+    """The receive buffer TLS decrypts into (reused for every read)."""
+    write_high_water: int = 1024 * 1024
+    """Bytes the event loop may hold unsent before the multiplexer stops handing it more
+    (engine senders pause at ``TransportConfig.send_budget`` counting these)."""
+    write_chunk: int = 1024 * 1024
+    """Stream bytes handed to the event loop per write call."""
+
+    def __post_init__(self) -> None:
+        if self.race_delay < 0 or self.read_buffer < 16384 or self.write_high_water < 16384:
+            raise ValueError("race_delay >= 0, read_buffer and write_high_water >= 16384")
+        if self.write_chunk < 16384:
+            raise ValueError("write_chunk must be at least 16384")

@@ -1,10 +1,18 @@
 """Structured Streaming source: ``spark.readStream.format("aqueduct")``.
 
-Offsets are positions in the dataset's history: ``{"version": v, "file": f}`` means every
-file added by versions below ``v`` is consumed, plus the first ``f`` files version ``v``
-added (a read limit may split a version between micro-batches). A position has one spelling
-only (a version read to its end is ``{"version": v + 1, "file": 0}``) and the keys are always
-in this order, because Spark compares offsets as JSON text.
+Offsets are positions in the dataset's history: ``{"version": v, "file": f, "tableId": t}``
+means every file added by versions below ``v`` is consumed, plus the first ``f`` files version
+``v`` added (a read limit may split a version between micro-batches). A position has one
+spelling only (a version read to its end is ``{"version": v + 1, "file": 0, ...}``) and the
+keys are always in this order, because Spark compares offsets as JSON text.
+
+``tableId`` is the table's Delta ``metaData.id``, as in Delta's own source (its
+``reservoirId``): version numbers mean nothing in another table. A checkpoint used with
+another dataset, or a dataset dropped and created again under a running query, is
+:class:`SourceTableChanged`, unless ``failOnDataLoss=false``, which starts over at the
+earliest version of the table that is there now. The reader checks the id at least every
+``pollInterval`` and in every file list the service sends. Offsets written before table ids
+existed have no ``tableId`` and are taken to be of the current table.
 
 The files of a version are the ``add`` actions of its own commit, in path order: fixed once
 committed, so a micro-batch replayed after a failure reads exactly what it read before.
@@ -53,6 +61,21 @@ from aqueduct_spark.datasource import _client, spark_to_arrow
 
 log = logging.getLogger("aqueduct.stream")
 
+
+class SourceTableChanged(P.DatasetError):
+    """The stream's offsets belong to another table than the dataset is now: the checkpoint
+    was written by a query that read another dataset, or the dataset was dropped and created
+    again. Version numbers of one table mean nothing in the other, so reading on would skip
+    or repeat data. Start the query with a new ``checkpointLocation``, or set
+    ``failOnDataLoss=false`` to start over at the earliest version of the current table."""
+
+    code = "SOURCE_TABLE_CHANGED"
+
+
+class _TableMoved(Exception):
+    """The table changed while a micro-batch was planned (failOnDataLoss=false): plan again."""
+
+
 PREFETCH = 256
 """Versions whose file lists a read limit may look ahead for, fetched together."""
 PREFETCH_THREADS = 8
@@ -63,9 +86,12 @@ for a notification before answering "no data": Spark then asks again, so the que
 within a notification's latency without spinning."""
 
 
-def offset(version: int, file: int = 0) -> dict[str, int]:
+def offset(version: int, file: int = 0, table_id: str | None = None) -> dict[str, Any]:
     """The one spelling of a position (fixed key order: Spark compares offsets as text)."""
-    return {"version": int(version), "file": int(file)}
+    out: dict[str, Any] = {"version": int(version), "file": int(file)}
+    if table_id is not None:
+        out["tableId"] = table_id
+    return out
 
 
 class StreamPartition(InputPartition):
@@ -108,8 +134,11 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest_checked = float("-inf")
         self._files: dict[int, tuple[list[dict[str, Any]], frozenset[str]] | None] = {}
         self._last_batch = time.monotonic()
-        self._last_end: dict[str, int] | None = None
+        self._last_end: dict[str, Any] | None = None
         self._behind: tuple[tuple[int, int, int], dict[str, int]] | None = None
+        self._table_id: str | None = None  # the dataset's table now, as last seen
+        self._table_checked = float("-inf")
+        self._seen_ids: set[str] = set()  # tables this reader has read from
 
     def __getstate__(self) -> dict[str, Any]:
         return {"opts": self.opts, "schema": self.schema}
@@ -126,22 +155,29 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict[str, int]:
+    def initialOffset(self) -> dict[str, Any]:
         """Where a query without a checkpoint starts (not called on restart)."""
         opts = self.opts
         if opts.starting_timestamp is not None:
             history = self._client.offsets(opts.dataset)
+            table_id = self._saw_table(history)
             for v in history["versions"]:
                 if _as_time(v["timestamp"]) >= opts.starting_timestamp:
-                    return offset(v["version"])
-            return offset(int(history["latest"]) + 1)
+                    return offset(v["version"], 0, table_id)
+            return offset(int(history["latest"]) + 1, 0, table_id)
         if opts.starting_version == "earliest":
-            history = self._client.offsets(opts.dataset)
-            versions = [int(v["version"]) for v in history["versions"]]
-            return offset(min(versions) if versions else int(history["latest"]) + 1)
+            return self._earliest()
         if opts.starting_version == "latest":
-            return offset(self._refresh(force=True) + 1)
-        return offset(int(opts.starting_version))
+            latest = self._refresh(force=True)
+            return offset(latest + 1, 0, self._table_id)
+        return offset(int(opts.starting_version), 0, self._check_table(force=True))
+
+    def _earliest(self) -> dict[str, Any]:
+        """The oldest version of the current table still in its log."""
+        history = self._client.offsets(self.opts.dataset)
+        table_id = self._saw_table(history)
+        versions = [int(v["version"]) for v in history["versions"]]
+        return offset(min(versions) if versions else int(history["latest"]) + 1, 0, table_id)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """AvailableNow: fix the target (everything committed now) before anything else."""
@@ -154,22 +190,65 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxBytes(self.opts.max_bytes_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        start = offset(start["version"], start["file"])
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        given = start
+        table_id = self._check_table()
+        start = self._resolve_start(given, table_id)
         if self._target is not None:
             latest = self._target
         else:
             latest = self._refresh()
             if start["version"] > latest and self._wait_for_news(latest):
                 latest = self._refresh()
-        end, rows = self._plan_end(start, latest, limit)
+        try:
+            end, rows = self._plan_end(start, latest, limit)
+        except _TableMoved:
+            return given  # failOnDataLoss=false: the next trigger starts over at the new table
         end = self._admit(start, end, rows)
+        if end == start and start.get("tableId") == given.get("tableId", start.get("tableId")):
+            end = given  # nothing new: the very offset Spark gave (the same text)
         self._last_end = end
         return end
 
+    def _resolve_start(self, start: dict[str, Any], table_id: str | None) -> dict[str, Any]:
+        """``start`` in the current table; SourceTableChanged if it is of another table
+        (failOnDataLoss=false: the earliest version of the current table)."""
+        start_id = start.get("tableId")
+        if start_id is None or table_id is None or start_id == table_id:
+            return offset(start["version"], start["file"], table_id)
+        if self.opts.fail_on_data_loss:
+            raise self._changed(start_id, table_id)
+        log.warning(
+            "dataset %s is another table (id %s) than the query's checkpoint read (id %s); "
+            "starting over at its earliest version (failOnDataLoss=false)",
+            self.opts.dataset,
+            table_id,
+            start_id,
+        )
+        return self._earliest()
+
+    def _changed(self, old: str, new: str | None) -> SourceTableChanged:
+        name = self.opts.dataset
+        if old in self._seen_ids:
+            what = (
+                f"dataset {name!r} was dropped and created again while this query read it "
+                f"(table id {old}, now {new})"
+            )
+        else:
+            what = (
+                f"the query's checkpoint holds offsets of table id {old}, but dataset "
+                f"{name!r} is table id {new}: the checkpoint was written by a query that read "
+                "another dataset, or the dataset was dropped and created again since"
+            )
+        return SourceTableChanged(
+            f"{what}. Versions of one table mean nothing in the other, so reading on would "
+            "skip or repeat data. Start the query with a new checkpointLocation, or set "
+            "failOnDataLoss=false to start over at the earliest version of the current table."
+        )
+
     def _plan_end(
-        self, start: dict[str, int], latest: int, limit: ReadLimit
-    ) -> tuple[dict[str, int], int]:
+        self, start: dict[str, Any], latest: int, limit: ReadLimit
+    ) -> tuple[dict[str, Any], int]:
         """The furthest position within ``limit`` (whole files; at least one file)."""
         max_rows = max_bytes = None
         if not isinstance(limit, ReadAllAvailable):
@@ -182,10 +261,11 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 max_rows = self.opts.max_rows_per_trigger
             if max_bytes is None:
                 max_bytes = self.opts.max_bytes_per_trigger
+        table_id = start.get("tableId")
         if start["version"] > latest:
             return start, 0
         if max_rows is None and max_bytes is None and self.opts.min_rows_per_trigger is None:
-            return offset(latest + 1), 0  # no limit: no need to list the files here
+            return offset(latest + 1, 0, table_id), 0  # no limit: no need to list the files
         rows = size = 0
         v, f = start["version"], start["file"]
         while v <= latest:
@@ -199,12 +279,12 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     max_bytes is not None and size + b > max_bytes
                 )
                 if over and (rows or size):
-                    return offset(v, f), rows
+                    return offset(v, f, table_id), rows
                 rows, size, f = rows + n, size + b, f + 1
             v, f = v + 1, 0
-        return offset(v, f), rows
+        return offset(v, f, table_id), rows
 
-    def _admit(self, start: dict[str, int], end: dict[str, int], rows: int) -> dict[str, int]:
+    def _admit(self, start: dict[str, Any], end: dict[str, Any], rows: int) -> dict[str, Any]:
         """minRowsPerTrigger: hold a small batch back until maxTriggerDelay has passed."""
         if end == start:
             return start
@@ -223,7 +303,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The position after the latest version, and how far the query is behind it."""
         latest = self._latest
         end = self._last_end
-        out: dict[str, Any] = offset(latest + 1)
+        out: dict[str, Any] = offset(latest + 1, 0, self._table_id)
         out["latestVersion"] = latest
         if end is None:
             return out
@@ -233,7 +313,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out.update(self._behind[1])
         return out
 
-    def _measure_behind(self, end: dict[str, int], latest: int) -> dict[str, int]:
+    def _measure_behind(self, end: dict[str, Any], latest: int) -> dict[str, int]:
         if end["version"] > latest:
             return {"versionsBehind": 0, "rowsBehind": 0, "bytesBehind": 0}
         try:
@@ -258,8 +338,35 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows, size = rows + max(r, 0), size + max(b, 0)
         return {"versionsBehind": versions, "rowsBehind": rows, "bytesBehind": size}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """The files between two positions, packed into tasks of about splitSize bytes."""
+        table_id = self._check_table()
+        end_id = end.get("tableId")
+        if end_id is not None and table_id is not None and end_id != table_id:
+            # A micro-batch planned on another table (replayed from the checkpoint).
+            if self.opts.fail_on_data_loss:
+                raise self._changed(end_id, table_id)
+            log.warning(
+                "skipping a micro-batch planned on table %s: dataset %s is now table %s "
+                "(failOnDataLoss=false)",
+                end_id,
+                self.opts.dataset,
+                table_id,
+            )
+            return []
+        if start.get("tableId", end_id) != end_id:
+            start = self._earliest()  # failOnDataLoss=false moved to the current table
+        try:
+            return self._partitions(start, end)
+        except _TableMoved:
+            log.warning(
+                "dataset %s was dropped and created again under this micro-batch; it reads "
+                "nothing (failOnDataLoss=false)",
+                self.opts.dataset,
+            )
+            return []
+
+    def _partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         schema = P.schema_to_bytes(self.schema)
         columns = tuple(self.schema.names)
         chosen: list[dict[str, Any]] = []
@@ -319,7 +426,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     opts.dataset,
                 )
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         # Spark never asks for positions before a committed one again: forget their files.
         for v in [v for v in self._files if v < int(end["version"])]:
             del self._files[v]
@@ -344,14 +451,51 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if sub is not None and sub.alive and not force:
             self._latest = max(self._latest, sub.latest)
             return self._latest
-        now = time.monotonic()
-        if force or now - self._latest_checked >= self.opts.poll_interval:
-            found = int(
-                self._client.offsets(self.opts.dataset, since_version=self._latest + 1)["latest"]
-            )
-            self._latest = max(self._latest, found)
-            self._latest_checked = now
+        if force or time.monotonic() - self._latest_checked >= self.opts.poll_interval:
+            self._poll()
         return self._latest
+
+    def _check_table(self, force: bool = False) -> str | None:
+        """The current table id, asked for at least every pollInterval (push notifications
+        carry versions only, and a re-created table may never reach the query's version)."""
+        if force or time.monotonic() - self._table_checked >= self.opts.poll_interval:
+            self._poll()
+        return self._table_id
+
+    def _poll(self) -> None:
+        self._saw_table(self._client.offsets(self.opts.dataset, since_version=self._latest + 1))
+
+    def _saw_table(self, answer: dict[str, Any]) -> str | None:
+        """Take the latest version and table id of an ``offsets`` answer."""
+        now = time.monotonic()
+        latest = int(answer["latest"])
+        table_id = answer.get("table_id")
+        if table_id is not None and self._table_id is not None and table_id != self._table_id:
+            self._new_table(str(table_id), latest)
+        else:
+            self._latest = max(self._latest, latest)
+        if table_id is not None:
+            self._table_id = str(table_id)
+            self._seen_ids.add(self._table_id)
+        self._latest_checked = self._table_checked = now
+        return self._table_id
+
+    def _new_table(self, table_id: str, latest: int) -> None:
+        """The dataset is another table now: nothing known about the old one holds."""
+        log.warning(
+            "dataset %s is a new table (id %s, was %s): it was dropped and created again",
+            self.opts.dataset,
+            table_id,
+            self._table_id,
+        )
+        self._table_id = table_id
+        self._latest = latest
+        self._files.clear()
+        self._behind = None
+        if self._subscription is not None:
+            # the service pushes a subscriber only versions above those it has sent
+            self._subscription.close()
+            self._subscription = None
 
     def _wait_for_news(self, latest: int) -> bool:
         """Wait briefly for a pushed version newer than ``latest`` (only while push works)."""
@@ -375,12 +519,21 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._files[version]
         dataset = self.opts.dataset
         entry: tuple[list[dict[str, Any]], frozenset[str]] | None
+        expected = self._table_id
         try:
             if self.opts.fail_on_data_loss:
                 result = self._client.changes(dataset, version)
             else:
                 result = self._client.changes(dataset, version, missing_ok=True)
             entry = (list(result["files"]), frozenset(result.get("missing") or ()))
+            found = result.get("table_id")
+            if found is not None and expected is not None and found != expected:
+                self._moved(expected, str(found))
+        except P.VersionNotFound:
+            # A version the query knew of is not there: was the table re-created?
+            if expected is not None and self._check_table(force=True) != expected:
+                self._moved(expected, self._table_id)
+            raise
         except P.DataLoss as exc:
             if self.opts.fail_on_data_loss:
                 raise P.DataLoss(
@@ -403,6 +556,14 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         self._files[version] = entry
         return entry
+
+    def _moved(self, old: str, new: str | None) -> None:
+        """The table changed under a micro-batch being planned."""
+        if new != self._table_id:
+            self._check_table(force=True)
+        if self.opts.fail_on_data_loss:
+            raise self._changed(old, self._table_id)
+        raise _TableMoved()
 
 
 def _as_time(value: Any) -> dt.datetime:

@@ -284,6 +284,7 @@ ERROR_MODULES = (
     "aqueduct_spark.options",
     "aqueduct_spark.service.store",
     "aqueduct_spark.service.model",
+    "aqueduct_spark.stream_reader",
 )
 """Where the exceptions a user can see are defined (store re-exports model's)."""
 

@@ -316,6 +316,7 @@ class DatasetService:
         versions = self.store.history(name, since_version=since)
         return {
             "latest": self.store.latest_version(name),
+            "table_id": self.store.table_id(name),
             "versions": [
                 {
                     "version": v.version,
@@ -340,6 +341,9 @@ class DatasetService:
             "version": version,
             "files": [f.to_dict() for f in files],
             "missing": missing or [],
+            # after the files: a table re-created meanwhile shows as another id, never as
+            # the new table's files under the old id
+            "table_id": self.store.table_id(name),
         }
 
     # -- push notifications -----------------------------------------------------------

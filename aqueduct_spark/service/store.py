@@ -124,7 +124,7 @@ class Store:
         if self._local_root is not None:
             os.makedirs(self._local_root, exist_ok=True)
         self._lock = threading.Lock()
-        self._pinned_cache: OrderedDict[tuple[Any, ...], tuple[pa.Schema, tuple[str, ...]]] = (
+        self._pinned_cache: OrderedDict[tuple[Any, ...], tuple[pa.Schema, tuple[str, ...], str]] = (
             OrderedDict()
         )
 
@@ -463,8 +463,19 @@ class Store:
             missing.extend(gone)
         return splits
 
+    def table_id(self, name: str) -> str:
+        """The table's identity, Delta's ``metaData.id``: fixed when the table is created, so
+        a dataset dropped and created again under the same name has another one. Streaming
+        offsets carry it (as Delta's source does) to notice a checkpoint of another table."""
+        return self._pinned_meta(name, self.latest_version(name))[2]
+
     def _pinned(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...]]:
         """Schema and partition columns of one version, cached: a version never changes."""
+        schema, parts, _ = self._pinned_meta(name, version)
+        return schema, parts
+
+    def _pinned_meta(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...], str]:
+        """Schema, partition columns and table id of one version, cached by its commit file."""
         self.validate_name(name)
         if _int(version, "version") < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
@@ -476,7 +487,12 @@ class Store:
                     self._pinned_cache.move_to_end(key)
                     return self._pinned_cache[key]
         table = self._open(name, version)
-        meta = pa.schema(table.schema().to_arrow()), tuple(table.metadata().partition_columns)
+        metadata = table.metadata()
+        meta = (
+            pa.schema(table.schema().to_arrow()),
+            tuple(metadata.partition_columns),
+            str(metadata.id),
+        )
         if info.type == pafs.FileType.File:
             with self._lock:
                 self._pinned_cache[key] = meta

@@ -150,7 +150,8 @@ def test_available_now_with_max_rows_reads_the_backlog_in_limited_batches(
     assert [o["versionsBehind"] for o in offsets] == [7, 4, 1, 0]
     assert all(o["latestVersion"] == 10 for o in offsets)
     # Offsets are dataset positions; the last one is after version 10.
-    assert source_progress(q)[-1]["endOffset"] == {"version": 11, "file": 0}
+    table_id = Store(service.root).table_id(src)
+    assert source_progress(q)[-1]["endOffset"] == {"version": 11, "file": 0, "tableId": table_id}
 
 
 def test_read_limits_never_split_a_file_and_max_bytes_applies(
@@ -479,7 +480,8 @@ def test_offsets_are_canonical_json_and_an_idle_stream_plans_nothing(
     )
     assert len(logs) == 1  # one batch for the backlog, none while idle
     source_offset = logs[-1].read_text().splitlines()[-1]
-    assert source_offset == json.dumps({"version": 3, "file": 0})
+    table_id = Store(service.root).table_id(src)
+    assert source_offset == json.dumps({"version": 3, "file": 0, "tableId": table_id})
 
 
 def test_subscription_heartbeats_keep_a_quiet_subscription_alive(service: ServiceProcess) -> None:

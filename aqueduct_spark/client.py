@@ -93,6 +93,11 @@ class ClientConfig:
     """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
     chunk_bytes: int = CHUNK_BYTES
 
+    def __post_init__(self) -> None:
+        if isinstance(self.transport, str):
+            # transport="tcp" (or quic, auto): the choice alone, other settings default.
+            object.__setattr__(self, "transport", TransportConfig(transport=self.transport))  # type: ignore[unreachable]
+
 
 @dataclass(frozen=True)
 class DatasetDescription:
@@ -211,6 +216,12 @@ class AsyncClient:
             self._conn.entrypoint.finish()
             await self._conn.close()
         self._conn = None
+
+    @property
+    def transport(self) -> str | None:
+        """What carries the current connection (``quic`` or ``tcp``); None before one."""
+        conn = self._conn
+        return conn.transport if conn is not None else None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -852,6 +863,11 @@ class Client:
 
     def overwrite(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
         return self._run(self._client.overwrite(name, data, **kw))
+
+    @property
+    def transport(self) -> str | None:
+        """What carries the pooled connection (``quic`` or ``tcp``); None before one."""
+        return self._client.transport
 
     def close(self) -> None:
         """Close this client's pooled connection (others with the same settings share it)."""

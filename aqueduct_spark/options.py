@@ -70,6 +70,12 @@ OPTIONS: tuple[Option, ...] = (
         "backend", "auto", "all", "QUIC library: `auto` (qh3 if installed), `aioquic` or `qh3`."
     ),
     Option(
+        "transport",
+        "auto",
+        "all",
+        "`quic`, `tcp` (TLS over TCP, where UDP is blocked) or `auto`: QUIC first, TCP 250 ms later if QUIC has not answered; the winner is remembered per service in each process. The environment variable AQUEDUCT_TRANSPORT replaces `auto`.",
+    ),
+    Option(
         "packetSize",
         "auto",
         "all",
@@ -276,6 +282,7 @@ class Options:
     fingerprint: str | None = None
     insecure: bool = False
     backend: str = "auto"
+    transport: str = "auto"
     packet_size: int | None = None
     compression: str = "none"
     connect_timeout: float = 10.0
@@ -315,6 +322,7 @@ class Options:
             tls = ClientTLS(insecure=self.insecure)
         transport = TransportConfig(
             backend=self.backend,  # type: ignore[arg-type]
+            transport=self.transport,  # type: ignore[arg-type]
             packet_size=self.packet_size,
             handshake_timeout=self.connect_timeout,
             idle_timeout=self.idle_timeout,
@@ -390,6 +398,9 @@ def parse(raw: Mapping[str, str]) -> Options:
     backend = (get("backend") or "auto").lower()
     if backend not in ("auto", "aioquic", "qh3"):
         raise OptionError(f"option 'backend' must be auto, aioquic or qh3, got {backend!r}")
+    transport = (get("transport") or "auto").lower()
+    if transport not in ("auto", "quic", "tcp"):
+        raise OptionError(f"option 'transport' must be auto, quic or tcp, got {transport!r}")
     starting = (get("startingVersion") or "latest").lower()
     if starting not in ("latest", "earliest"):
         parse_int("startingVersion", starting)
@@ -416,6 +427,7 @@ def parse(raw: Mapping[str, str]) -> Options:
         fingerprint=get("fingerprint"),
         insecure="insecure" in trust,
         backend=backend,
+        transport=transport,
         packet_size=opt_int("packetSize", 1200),
         compression=compression,
         connect_timeout=parse_duration("connectTimeout", get("connectTimeout") or "10s"),

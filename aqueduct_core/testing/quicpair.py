@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from aqueduct_core.api.channel import Receiver
 from aqueduct_core.api.connection import Connection
@@ -25,8 +25,8 @@ class QuicPair:
 
 @asynccontextmanager
 async def quic_pair(
-    server_backend: Backend = "auto",
-    client_backend: Backend = "auto",
+    server_backend: Backend | Literal["tcp"] = "auto",
+    client_backend: Backend | Literal["tcp"] = "auto",
     *,
     client_headers: object = (),
     server_headers: HeadersHook | None = None,
@@ -35,8 +35,17 @@ async def quic_pair(
     via: tuple[str, int] | None = None,
 ) -> AsyncIterator[QuicPair]:
     """Serve on 127.0.0.1:0 and connect to it (through ``via`` = (host, port) of a proxy
-    that forwards to the server, when given). Both ends are closed on exit."""
+    that forwards to the server, when given). Both ends are closed on exit. Over QUIC,
+    unless ``transport`` chooses ``tcp`` (Aqueduct over TLS/TCP; the backends then do not
+    matter)."""
     base = transport or TransportConfig()
+    if "tcp" in (server_backend, client_backend):
+        # "tcp" as a backend: the same pair over TLS/TCP, so a test parametrized over
+        # backends runs over both transports with one more parameter.
+        base = base.with_(transport="tcp")
+        server_backend = client_backend = "auto"
+    elif base.transport == "auto":
+        base = base.with_(transport="quic")
     if config is not None:
         base = base.with_(engine=config)
     accepted: asyncio.Future[tuple[Connection, Receiver[Any]]] = (

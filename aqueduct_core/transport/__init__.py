@@ -1,7 +1,9 @@
-"""Aqueduct over QUIC: the only package that imports a QUIC library (aioquic or qh3)."""
+"""Aqueduct over QUIC (the only package that imports a QUIC library, aioquic or qh3) and
+over TLS/TCP (:mod:`.mux`, :mod:`.tcp`); :mod:`.dial` chooses between them."""
 
 from aqueduct_core.transport.config import TransportConfig
-from aqueduct_core.transport.endpoints import ConnectError, Handler, Server, connect, serve
+from aqueduct_core.transport.dial import connect, serve
+from aqueduct_core.transport.endpoints import ConnectError, Handler, Server
 from aqueduct_core.transport.tls import (
     ClientTLS,
     DevCertificates,

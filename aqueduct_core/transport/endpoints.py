@@ -130,6 +130,9 @@ async def connect(
     conn: Connection = protocol.conn
     try:
         await asyncio.wait_for(conn.wait_ready(), config.handshake_timeout)
+    except asyncio.CancelledError:
+        protocol._transport.close()  # the race in dial.py cancels the losing attempt
+        raise
     except (TimeoutError, ConnectionLost) as exc:
         protocol._transport.close()
         if protocol.pin_error is not None:

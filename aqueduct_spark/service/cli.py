@@ -69,6 +69,14 @@ def _client_options(p: argparse.ArgumentParser) -> None:
         choices=["auto", "aioquic", "qh3"],
         help="QUIC library (default: qh3 when installed)",
     )
+    g.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "quic", "tcp"],
+        help="quic, tcp (TLS over TCP, where UDP is blocked) or auto: QUIC first, TCP 250 ms "
+        "later if QUIC has not answered (env AQUEDUCT_TRANSPORT replaces auto; -v shows the "
+        "one used)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on (default %(default)s: this machine only)",
     )
     s.add_argument(
-        "--port", type=int, default=4433, help="UDP port (default %(default)s; 0: any free)"
+        "--port",
+        type=int,
+        default=4433,
+        help="UDP and TCP port (default %(default)s; 0: any free)",
+    )
+    s.add_argument(
+        "--transport",
+        default="quic,tcp",
+        type=_listen_transports,
+        help="what to listen on: quic (UDP), tcp (TLS over TCP) or both on the same port "
+        "(default %(default)s)",
     )
     s.add_argument(
         "--token",
@@ -224,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _listen_transports(text: str) -> str:
+    names = {n.strip().lower() for n in text.split(",") if n.strip()}
+    if not names or not names <= {"quic", "tcp"}:
+        raise argparse.ArgumentTypeError(f"expected quic, tcp or quic,tcp, got {text!r}")
+    return "auto" if names == {"quic", "tcp"} else names.pop()
+
+
 def _read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", help="comma-separated columns to read")
     p.add_argument(
@@ -269,9 +294,8 @@ def _client(args: argparse.Namespace) -> Any:
         tls = ClientTLS(insecure=True)
     else:
         tls = ClientTLS()
-    return Client(
-        args.url, token=args.token, tls=tls, transport=TransportConfig(backend=args.backend)
-    )
+    transport = TransportConfig(backend=args.backend, transport=args.transport)
+    return Client(args.url, token=args.token, tls=tls, transport=transport)
 
 
 def cmd_cert(args: argparse.Namespace) -> int:
@@ -314,6 +338,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "storage_options": options or None,
         "backend": args.backend,
         "packet_size": args.packet_size,
+        "transport": args.transport,
         "reuse_port": args.workers > 1,
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
@@ -409,7 +434,9 @@ async def _serve_forever(
     config = ServiceConfig(
         spec["root"], token=spec["token"] or None, storage_options=spec["storage_options"]
     )
-    transport = TransportConfig(backend=spec["backend"], packet_size=spec["packet_size"])
+    transport = TransportConfig(
+        backend=spec["backend"], packet_size=spec["packet_size"], transport=spec["transport"]
+    )
     _, server = await start(
         config,
         spec["host"],

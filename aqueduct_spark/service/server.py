@@ -154,6 +154,7 @@ class DatasetService:
         return [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
 
     async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
+        log.info("a client connected over %s", conn.transport)
         token = self.config.token
         authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
         async with asyncio.TaskGroup() as tasks:

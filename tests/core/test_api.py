@@ -31,7 +31,14 @@ from aqueduct_core.testing.quicpair import quic_pair
 
 Scenario = Callable[[Any], Awaitable[None]]
 
-TRANSPORTS = ["memory", "aioquic", "qh3", "qh3-server+aioquic-client", "aioquic-server+qh3-client"]
+TRANSPORTS = [
+    "memory",
+    "aioquic",
+    "qh3",
+    "qh3-server+aioquic-client",
+    "aioquic-server+qh3-client",
+    "tcp",
+]
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -32,6 +32,8 @@ from aqueduct_core.wire import Message, message_cost
 
 pytestmark = pytest.mark.quic
 BACKENDS = ["aioquic", "qh3"]
+OVER = [*BACKENDS, "tcp"]
+"""Both QUIC backends, and Aqueduct over TLS/TCP (quic_pair's "tcp")."""
 MIB = 1 << 20
 KIB = 1 << 10
 
@@ -172,7 +174,7 @@ async def split_pair(
 # -- case 63 ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", OVER)
 def test_case_63_sender_stops_at_the_window_and_resumes_when_the_consumer_reads_over_quic(
     backend: str,
 ) -> None:
@@ -219,7 +221,7 @@ def test_case_63_sender_stops_at_the_window_and_resumes_when_the_consumer_reads_
 # -- case 64 ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", OVER)
 def test_case_64_a_message_bigger_than_the_window_goes_through_over_quic(backend: str) -> None:
     """case 64: A single message bigger than W goes through when nothing is outstanding."""
     window = 4 * KIB
@@ -316,7 +318,7 @@ def test_case_66_nacked_unreliable_messages_release_credit_over_quic(backend: st
 # -- case 67 ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", OVER)
 def test_case_67_no_cross_channel_stall_over_quic(backend: str) -> None:
     """case 67: No cross-channel stall: channel B keeps flowing while channel A's app is
     stalled with a full window, including in UNORDERED mode with hundreds of streams.
@@ -522,7 +524,7 @@ def test_a_gibibyte_through_a_stalled_consumer_stays_within_the_window(backend: 
     run(main(), timeout=120)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", OVER)
 def test_a_stalled_consumer_with_a_window_of_several_messages(backend: str) -> None:
     """The same with a 4 MiB window, so several messages are outstanding at once (128 MiB)."""
 
@@ -537,7 +539,7 @@ def test_a_stalled_consumer_with_a_window_of_several_messages(backend: str) -> N
 # -- acceptance: a stalled parent delays neither child nor sibling ------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", OVER)
 def test_a_stalled_parent_delays_neither_its_child_nor_a_sibling(backend: str) -> None:
     """Issue 5 acceptance. Everything is UNORDERED (one QUIC stream per message) and QUIC
     lets the client open only 100 streams at a time. The parent's consumer takes its first

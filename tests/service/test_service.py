@@ -43,9 +43,23 @@ def sorted_ids(t: pa.Table) -> list[int]:
     return sorted(t.column("id").to_pylist())
 
 
-def test_every_request_type(service: ServiceProcess) -> None:
+@pytest.fixture(params=["quic", "tcp"])
+def over(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The transport of ``service.client()`` (the service listens on both, on one port)."""
+    original = ServiceProcess.client
+
+    def client(self: ServiceProcess, **options: Any) -> Any:
+        options.setdefault("transport", request.param)
+        return original(self, **options)
+
+    monkeypatch.setattr(ServiceProcess, "client", client)
+    return str(request.param)
+
+
+def test_every_request_type(service: ServiceProcess, over: str) -> None:
     c = service.client()
     info = c.create("every", table(0).schema)
+    assert c.transport == over
     assert info.version == 0 and info.rows == 0
     assert "every" in [d.name for d in c.list()]
     c.append("every", table(1000))
@@ -106,10 +120,11 @@ def test_filters_are_exact(service: ServiceProcess, flt: Any, expected: list[int
     assert sorted_ids(c.read("filters", filter=flt)) == expected
 
 
-def test_many_parallel_writers_commit_together(service: ServiceProcess) -> None:
+def test_many_parallel_writers_commit_together(service: ServiceProcess, over: str) -> None:
+    name = f"parallel-{over}"
     c = service.client()
     schema = table(0).schema
-    txn = c.begin("parallel", schema, mode="overwrite")
+    txn = c.begin(name, schema, mode="overwrite")
     results: dict[int, Any] = {}
 
     def task(i: int) -> None:
@@ -123,10 +138,10 @@ def test_many_parallel_writers_commit_together(service: ServiceProcess) -> None:
     for t in threads:
         t.join()
     with pytest.raises(P.DatasetNotFound):  # nothing visible before the commit
-        c.describe("parallel")
+        c.describe(name)
     result = c.commit(txn, [results[i] for i in range(8)])
     assert result["rows"] == 8000
-    assert sorted_ids(c.read("parallel")) == list(range(8000))
+    assert sorted_ids(c.read(name)) == list(range(8000))
 
 
 def test_abort_leaves_no_trace(service: ServiceProcess) -> None:
@@ -186,7 +201,9 @@ def test_data_loss_is_reported(service: ServiceProcess) -> None:
         c.read("lossy")
 
 
-def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(service: ServiceProcess) -> None:
+def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(
+    service: ServiceProcess, over: str
+) -> None:
     import asyncio
 
     from aqueduct_core.api import channel, oneshot
@@ -197,7 +214,10 @@ def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(service: Serv
 
     async def raw() -> list[Any]:
         conn = await connect(
-            "127.0.0.1", service.port, tls=ClientTLS(fingerprint=service.fingerprint)
+            "127.0.0.1",
+            service.port,
+            tls=ClientTLS(fingerprint=service.fingerprint),
+            transport=over,
         )
         answers = []
         for request in ({"op": "teleport"}, {"op": "describe"}, {"op": "describe", "dataset": 7}):
@@ -245,7 +265,9 @@ def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(service: Serv
     assert c.read("sturdy").num_rows == 10  # and other clients are served as before
 
 
-def test_an_oversized_message_closes_only_that_connection(service: ServiceProcess) -> None:
+def test_an_oversized_message_closes_only_that_connection(
+    service: ServiceProcess, over: str
+) -> None:
     """A raw peer sending one 100 MiB message (over the 64 MiB message limit) is cut off with
     close code 3 and a reason naming the limit; other clients are served as before."""
     import asyncio
@@ -259,8 +281,12 @@ def test_an_oversized_message_closes_only_that_connection(service: ServiceProces
 
     async def raw() -> str:
         conn = await connect(
-            "127.0.0.1", service.port, tls=ClientTLS(fingerprint=service.fingerprint)
+            "127.0.0.1",
+            service.port,
+            tls=ClientTLS(fingerprint=service.fingerprint),
+            transport=over,
         )
+        assert conn.transport == over
         schema = table(0).schema
         tx, rx = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(schema))], codec="raw")
         reply, answer = oneshot()
@@ -306,7 +332,7 @@ def test_tables_written_through_the_service_are_plain_delta(service: ServiceProc
     assert c.read("plain").sort_by("id").equals(data.sort_by("id"))
 
 
-def test_push_notifications_arrive_after_commits(service: ServiceProcess) -> None:
+def test_push_notifications_arrive_after_commits(service: ServiceProcess, over: str) -> None:
     c = service.client()
     c.overwrite("pushed", table(1))
     seen: list[int] = []

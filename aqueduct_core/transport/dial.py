@@ -1,0 +1,364 @@
+"""Choosing the transport: ``connect()`` over QUIC, TCP or both raced, and ``serve()`` on both.
+
+``transport="auto"`` races the two the way Happy Eyeballs (RFC 8305) races address families:
+QUIC starts first; if it has not completed its handshake after ``tcp.race_delay`` (250 ms),
+TLS/TCP starts too, and the first connection whose Aqueduct handshake completes wins; the
+other attempt is cancelled (or closed, if it completed in the same instant). A QUIC attempt
+that fails outright (say the address does not resolve for UDP) starts TCP at once.
+
+The winner is remembered per service (host and port) for the life of the process: once TCP
+won, later connections (every Spark task of a job) go straight to TCP with no delay; once
+QUIC won, later connections race again, which costs nothing while QUIC keeps answering and
+falls back within the race delay when it stops. When UDP is refused outright (ICMP port
+unreachable), the QUIC library does not learn it (its socket is not connected), so the cost
+is the race delay, never more.
+
+``AQUEDUCT_TRANSPORT`` (auto, quic or tcp) replaces ``auto`` wherever it is the choice, so a
+deployment can pin the transport for every client without code changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+from aqueduct_core.api.channel import Receiver
+from aqueduct_core.api.codec import Codec
+from aqueduct_core.api.connection import Connection, builtin_codecs
+from aqueduct_core.api.setup import HeadersHook, client_engine, server_engine
+from aqueduct_core.errors import ConnectionLost
+from aqueduct_core.transport import endpoints
+from aqueduct_core.transport.config import Transport, TransportConfig
+from aqueduct_core.transport.endpoints import ConnectError, Handler, Server
+from aqueduct_core.transport.tcp import PinMismatch, TcpListener, connect_tcp, listen_tcp
+from aqueduct_core.transport.tls import (
+    ClientTLS,
+    ServerTLS,
+    file_fingerprint,
+    make_dev_certificates,
+)
+from aqueduct_core.wire.chanid import ENTRYPOINT
+
+log = logging.getLogger("aqueduct")
+
+TRANSPORTS = ("auto", "quic", "tcp")
+REMEMBER = 600.0
+"""Seconds a service's winning transport is remembered (then the race runs again)."""
+
+_winners: dict[tuple[str, int], tuple[str, float]] = {}
+
+
+def resolve_transport(choice: str | None, config: TransportConfig | None = None) -> Transport:
+    """The transport to use: ``choice``, else the config's; ``auto`` yields to
+    ``AQUEDUCT_TRANSPORT`` when that is set."""
+    name = (choice or (config.transport if config is not None else "auto")).strip().lower()
+    if name == "auto":
+        name = os.environ.get("AQUEDUCT_TRANSPORT", "").strip().lower() or "auto"
+        if name not in TRANSPORTS:
+            raise ValueError(f"AQUEDUCT_TRANSPORT={name!r}: use auto, quic or tcp")
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r}: use auto, quic or tcp")
+    return cast(Transport, name)
+
+
+def remembered(host: str, port: int) -> str | None:
+    """The transport that last won the race to ``host:port`` in this process, if any."""
+    entry = _winners.get((host, port))
+    if entry is None or time.monotonic() - entry[1] > REMEMBER:
+        return None
+    return entry[0]
+
+
+def forget(host: str | None = None, port: int | None = None) -> None:
+    """Forget the remembered race winners (all, or one service's)."""
+    if host is None:
+        _winners.clear()
+    else:
+        _winners.pop((host, port or 0), None)
+
+
+async def connect(
+    host: str,
+    port: int,
+    *,
+    transport: str | None = None,
+    headers: Any = (),
+    tls: ClientTLS | None = None,
+    config: TransportConfig | None = None,
+    codecs: dict[str, Codec] | None = None,
+    **quic_options: Any,
+) -> Connection:
+    """Connect to an Aqueduct server; returns once the handshake (QUIC or TLS/TCP, then
+    Aqueduct's connection headers) completed. ``transport`` is ``auto`` (default: race QUIC
+    then TCP), ``quic`` or ``tcp``; ``conn.transport`` says which one carries it. ``headers``
+    are sent as our connection headers. Other keyword arguments (``early_data``) go to the
+    QUIC attempt (:func:`endpoints.connect`)."""
+    config = config or TransportConfig()
+    tls = tls or ClientTLS()
+    codecs = codecs or builtin_codecs()
+    choice = resolve_transport(transport, config)
+    if choice == "quic":
+        conn = await _quic(host, port, headers, tls, config, codecs, quic_options)
+    elif choice == "tcp":
+        conn = await _tcp(host, port, headers, tls, config, codecs)
+    else:
+        conn = await _auto(host, port, headers, tls, config, codecs, quic_options)
+    log.debug("connected to %s:%d over %s", host, port, conn.transport)
+    return conn
+
+
+async def _auto(
+    host: str,
+    port: int,
+    headers: Any,
+    tls: ClientTLS,
+    config: TransportConfig,
+    codecs: dict[str, Codec],
+    quic_options: dict[str, Any],
+) -> Connection:
+    if remembered(host, port) == "tcp":
+        try:
+            return await _tcp(host, port, headers, tls, config, codecs)
+        except ConnectError as exc:
+            log.info("TCP to %s:%d failed (%s); racing QUIC and TCP again", host, port, exc)
+            forget(host, port)
+    return await _race(host, port, headers, tls, config, codecs, quic_options)
+
+
+async def _race(
+    host: str,
+    port: int,
+    headers: Any,
+    tls: ClientTLS,
+    config: TransportConfig,
+    codecs: dict[str, Codec],
+    quic_options: dict[str, Any],
+) -> Connection:
+    quic = asyncio.ensure_future(_quic(host, port, headers, tls, config, codecs, quic_options))
+    tasks = [quic]
+    try:
+        await asyncio.wait(tasks, timeout=config.tcp.race_delay)
+        if quic.done() and quic.exception() is None:
+            return _won(host, port, quic.result())
+        tasks.append(asyncio.ensure_future(_tcp(host, port, headers, tls, config, codecs)))
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    return _won(host, port, task.result())
+        raise ConnectError(f"{quic.exception()} (and over TCP: {tasks[1].exception()})")
+    finally:
+        await _drop_losers(tasks)
+
+
+def _won(host: str, port: int, conn: Connection) -> Connection:
+    _winners[(host, port)] = (conn.transport, time.monotonic())
+    return conn
+
+
+async def _drop_losers(tasks: Sequence[asyncio.Future[Connection]]) -> None:
+    """Cancel the attempts still running; close a loser that completed anyway."""
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    winners = [r for r in results if isinstance(r, Connection)]
+    for conn in winners[1:]:
+        with contextlib.suppress(ConnectionLost):
+            await conn.close(0, "another transport won the race")
+
+
+async def _quic(
+    host: str,
+    port: int,
+    headers: Any,
+    tls: ClientTLS,
+    config: TransportConfig,
+    codecs: dict[str, Codec],
+    quic_options: dict[str, Any],
+) -> Connection:
+    conn = await endpoints.connect(
+        host, port, headers=headers, tls=tls, config=config, codecs=codecs, **quic_options
+    )
+    conn.transport = "quic"
+    return conn
+
+
+async def _tcp(
+    host: str,
+    port: int,
+    headers: Any,
+    tls: ClientTLS,
+    config: TransportConfig,
+    codecs: dict[str, Codec],
+) -> Connection:
+    engine_cfg = config.engine
+    if engine_cfg.handshake_timeout != config.handshake_timeout:
+        engine_cfg = replace(engine_cfg, handshake_timeout=config.handshake_timeout)
+
+    def make() -> Connection:
+        return Connection(client_engine(engine_cfg, headers, codecs), codecs)
+
+    target = f"tcp://{host}:{port}"
+    try:
+        return await connect_tcp(host, port, make_connection=make, tls=tls, config=config)
+    except PinMismatch as exc:
+        raise ConnectError(f"{target}: {exc}") from None
+    except ssl.SSLError as exc:
+        raise ConnectError(
+            f"TLS with {target} failed: {exc.reason or exc}. If this is a certificate problem, "
+            "give the server's CA file (cafile=...) or pin its fingerprint (fingerprint=...)."
+        ) from exc
+    except TimeoutError:
+        raise ConnectError(
+            f"no Aqueduct server answered at {target} within {config.handshake_timeout} s"
+        ) from None
+    except OSError as exc:
+        raise ConnectError(
+            f"cannot reach {target}: {exc.strerror or exc}. Is the service running, listening "
+            "on TCP (aqueduct serve --transport quic,tcp), and is the port right?"
+        ) from exc
+    except ConnectionLost as exc:
+        raise ConnectError(f"could not connect to {target}: {exc}") from exc
+
+
+# -- serving ------------------------------------------------------------------------------
+
+
+def listen_transports(choice: str | Iterable[str] | None, config: TransportConfig) -> set[str]:
+    """``quic,tcp`` (or ``auto``), ``quic`` or ``tcp`` as the set of transports to serve."""
+    if choice is None:
+        choice = config.transport
+    names = choice.split(",") if isinstance(choice, str) else list(choice)
+    chosen: set[str] = set()
+    for name in (n.strip().lower() for n in names):
+        if name == "auto":
+            chosen |= {"quic", "tcp"}
+        elif name in ("quic", "tcp"):
+            chosen.add(name)
+        elif name:
+            raise ValueError(f"unknown transport {name!r}: use quic, tcp or quic,tcp")
+    if not chosen:
+        raise ValueError("serve at least one transport: quic, tcp or quic,tcp")
+    return chosen
+
+
+class _Listeners:
+    """What ``Server.close()`` closes: the QUIC endpoint and the TCP listener."""
+
+    def __init__(self, *listeners: Any) -> None:
+        self.listeners = [x for x in listeners if x is not None]
+        self.tcp: TcpListener | None = next(
+            (x for x in self.listeners if isinstance(x, TcpListener)), None
+        )
+
+    def close(self) -> None:
+        for x in self.listeners:
+            x.close()
+
+
+async def serve(
+    handler: Handler,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    transport: str | Iterable[str] | None = None,
+    tls: ServerTLS | None = None,
+    headers: HeadersHook | None = None,
+    config: TransportConfig | None = None,
+    codecs: dict[str, Codec] | None = None,
+    reuse_port: bool = False,
+    **quic_options: Any,
+) -> Server:
+    """Serve Aqueduct on ``host:port``, over QUIC (UDP) and TLS/TCP on the same port number
+    by default (``transport="quic,tcp"``; ``"quic"`` or ``"tcp"`` alone; None: the config's
+    ``transport``, ``auto`` meaning both). Otherwise as :func:`endpoints.serve`:
+    ``handler(connection, entrypoint_receiver)`` runs once per client after the handshake;
+    ``conn.transport`` says which transport carries it. Other keyword arguments go to the
+    QUIC side."""
+    config = config or TransportConfig()
+    chosen = listen_transports(transport, config)
+    codecs = codecs or builtin_codecs()
+    for attempt in range(20):
+        if "quic" in chosen:
+            server = await endpoints.serve(
+                handler,
+                host,
+                port,
+                tls=tls,
+                headers=headers,
+                config=config,
+                codecs=codecs,
+                reuse_port=reuse_port,
+                **quic_options,
+            )
+        else:
+            server = Server()
+            server.host = host
+        if "tcp" not in chosen:
+            return server
+        server_tls = tls
+        if server_tls is None:
+            if server.dev_certificates is None:
+                server._tmp = tempfile.TemporaryDirectory(prefix="aqueduct-dev-cert-")
+                server.dev_certificates = make_dev_certificates(Path(server._tmp.name))
+            server_tls = server.dev_certificates.server_tls
+        server.fingerprint = file_fingerprint(server_tls.certfile)
+        try:
+            listener = await listen_tcp(
+                host,
+                server.port if "quic" in chosen else port,
+                tls=server_tls,
+                make_connection=_maker(server, handler, headers, config, codecs),
+                config=config,
+                reuse_port=reuse_port,
+            )
+        except OSError as exc:
+            await server.close()
+            if port != 0 or attempt == 19:
+                raise OSError(exc.errno, f"cannot listen on TCP {host}:{port}: {exc}") from exc
+            continue  # the port the UDP side got is taken on TCP: try another
+        if "quic" not in chosen:
+            sock = listener.server.sockets[0]
+            server.host, server.port = sock.getsockname()[:2]
+        server._quic_server = _Listeners(server._quic_server, listener)
+        log.info(
+            "serving Aqueduct on %s:%d over %s", server.host, server.port, "+".join(sorted(chosen))
+        )
+        return server
+    raise AssertionError("unreachable")
+
+
+def _maker(
+    server: Server,
+    handler: Handler,
+    headers: HeadersHook | None,
+    config: TransportConfig,
+    codecs: dict[str, Codec],
+) -> Any:
+    loop = asyncio.get_running_loop()
+
+    def start(conn: Connection) -> None:
+        rx = Receiver[Any](None)
+        rx._bind(conn, ENTRYPOINT)
+        task = loop.create_task(endpoints._run_handler(handler, conn, rx))
+        server._tasks.add(task)
+        task.add_done_callback(server._tasks.discard)
+
+    def make() -> Connection:
+        conn = Connection(server_engine(config.engine, headers, codecs), codecs)
+        conn.transport = "tcp"
+        conn.on_ready = start
+        server.connections.add(conn)
+        return conn
+
+    return make

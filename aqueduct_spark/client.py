@@ -608,6 +608,11 @@ class AsyncClient:
             app_id=app_id,
             app_version=app_version,
             overwrite_schema=overwrite_schema,
+            # WriteSerializable: an overwrite replaces the version it began at, so appends
+            # committed meanwhile are kept (-1: the dataset did not exist then)
+            replaces=None
+            if txn.mode != "overwrite"
+            else (-1 if txn.base_version is None else txn.base_version),
         )
         return dict(await self.call("commit", idempotent=app_id is not None, **fields))
 

@@ -292,6 +292,7 @@ class DatasetService:
             app_id=_field(req, "app_id", str, None),
             app_version=_field(req, "app_version", int, None),
             overwrite_schema=bool(req.get("overwrite_schema", False)),
+            replaces=_field(req, "replaces", int, None),
         )
         return {
             "version": result.version,

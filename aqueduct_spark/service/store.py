@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -625,12 +626,21 @@ class Store:
         app_id: str | None = None,
         app_version: int | None = None,
         overwrite_schema: bool = False,
+        replaces: int | None = None,
     ) -> CommitResult:
         """Make all ``staged`` files visible in one atomic Delta commit.
 
         ``append`` adds them, ``overwrite`` replaces all data with them, ``create`` requires the
         dataset to be missing. Append and overwrite create a missing dataset; of several writers
-        racing to create it, one creates and the others then append (or overwrite). Every staged
+        racing to create it, one creates and the others then append (or overwrite).
+
+        Isolation is Delta's default, WriteSerializable. ``replaces`` is the version an
+        overwrite's transaction began at (-1: the dataset did not exist then); the overwrite
+        removes the data of that version only, so a blind append committed meanwhile is kept,
+        as if it came after the overwrite. If a concurrent commit removed some of that data
+        (another overwrite), or an append meanwhile has the schema the overwrite replaces, the
+        overwrite is :class:`Conflict`. Without ``replaces`` an overwrite replaces whatever the
+        latest version holds when it commits. Every staged
         file must exist in this table, carry our name, and match the schema; its statistics are
         recomputed from its footer. With ``app_id``/``app_version`` the commit records a Delta
         app transaction; a commit whose ``app_version`` is not above the last one recorded for
@@ -707,10 +717,17 @@ class Store:
             meta = _commit_meta(mode, adds, commit_id)
             before = table.version()
             actions: list[AddAction | RemoveAction] = [*adds]
+            delta_mode = mode
+            if mode == "overwrite" and replaces is not None:
+                removes = self._replaced(name, table, replaces, active, write_schema)
+                if removes is not None:
+                    # the data it began with, not what appends added meanwhile
+                    actions += removes
+                    delta_mode = "append"
             try:
                 table.create_write_transaction(
                     actions,
-                    mode=mode,
+                    mode=delta_mode,
                     schema=DeltaSchema.from_arrow(write_schema),
                     partition_by=list(table_parts),
                     commit_properties=CommitProperties(
@@ -719,8 +736,10 @@ class Store:
                 )
             except CommitFailedError as exc:
                 failure = exc
-                if mode == "append":
-                    continue  # a blind append rebases onto anything: reload and retry
+                if delta_mode == "append":
+                    # A blind append rebases onto anything; an overwrite that names its
+                    # removes is checked again against what is there: reload and retry.
+                    continue
                 done = _already_applied(self._open(name), app_id, app_version)
                 if done is not None:
                     return done
@@ -733,6 +752,67 @@ class Store:
             f"the {mode} of dataset {name!r} conflicted with concurrent commits ({failure}); "
             "its staged files are kept: retry the commit"
         ) from failure
+
+    def _replaced(
+        self,
+        name: str,
+        table: DeltaTable,
+        replaces: int,
+        active: set[str],
+        write_schema: pa.Schema,
+    ) -> list[RemoveAction] | None:
+        """The removes of an overwrite that began at version ``replaces`` (WriteSerializable);
+        None when it must replace everything there is (a new schema, nothing committed since).
+        """
+        if _int(replaces, "replaces") < -1:
+            raise InvalidRequest(f"replaces must be a version or -1, got {replaces}")
+        if replaces > table.version():
+            raise InvalidRequest(
+                f"an overwrite of dataset {name!r} cannot begin at version {replaces}: the "
+                f"latest is {table.version()}"
+            )
+        base: dict[str, int] = {}
+        if replaces >= 0:
+            try:
+                began = self._open(name, replaces)
+            except VersionNotFound as exc:
+                raise Conflict(
+                    f"the overwrite of dataset {name!r} began at version {replaces}, which is "
+                    "no longer in its log; retry the overwrite"
+                ) from exc
+            if str(began.metadata().id) != str(table.metadata().id):
+                raise Conflict(
+                    f"dataset {name!r} was dropped and created again while the overwrite ran; "
+                    "retry the overwrite"
+                )
+            adds = pa.table(began.get_add_actions(flatten=True))
+            base = {
+                unquote(p): int(n)
+                for p, n in zip(
+                    adds.column("path").to_pylist(),
+                    adds.column("size_bytes").to_pylist(),
+                    strict=True,
+                )
+            }
+        gone = sorted(set(base) - active)
+        if gone:
+            raise Conflict(
+                f"the overwrite of dataset {name!r} conflicted with a concurrent commit: since "
+                f"version {replaces}, where the overwrite began, {len(gone)} of the files it "
+                f"replaces were removed (e.g. {gone[0]!r}: another overwrite won); its staged "
+                "files are kept: retry the commit, or run the overwrite again"
+            )
+        current = pa.schema(table.schema().to_arrow())
+        if staging.schema_differences(current, write_schema):
+            if active - set(base):
+                raise Conflict(
+                    f"the overwrite of dataset {name!r} replaces its schema, and rows appended "
+                    f"since version {replaces}, where it began, have the old one; retry the "
+                    "commit to replace them too, or append them again after the overwrite"
+                )
+            return None
+        now = int(time.time() * 1000)
+        return [RemoveAction(p, True, now, size) for p, size in sorted(base.items())]
 
     def _find_commit(self, name: str, before: int, commit_id: str) -> int:
         """The version our commit landed at (after deltalake's retries, maybe much later)."""

@@ -367,7 +367,7 @@ class MuxConnection:
             self._control(self._ftype, self._flags, chunk, events)
 
     def _header(self, ftype: int, flags: int, length: int, events: list[MuxEvent]) -> None:
-        if self.peer is None and ftype != FrameType.SETTINGS:
+        if self.peer is None and ftype != FrameType.SETTINGS and ftype != FrameType.CLOSE:
             raise _fail(CloseCode.PROTOCOL_VIOLATION, f"frame type {ftype:#x} before SETTINGS")
         if ftype == FrameType.STREAM:
             if flags & ~FLAG_FIN:

@@ -25,7 +25,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aqueduct_core.api.connection import Connection
 from aqueduct_core.engine import (
@@ -121,7 +121,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
     # -- asyncio ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
+        self._transport = transport
         self.peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -192,6 +193,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
                 engine.handshake_done(
                     now, datagrams=peer.max_datagram > 0, max_datagram=peer.max_datagram
                 )
+                self._arm_timer()  # the peer's idle timeout may be shorter than ours
             elif kind is ConnectionClosed:
                 engine.connection_lost(now, ev.code, ev.reason)  # type: ignore[union-attr]
         return dirty
@@ -278,6 +280,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
     # -- timers -------------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         when = self.mux.next_timer()
         if when is not None and not self._lost:
             self._timer = self._loop.call_at(when, self._on_timer)

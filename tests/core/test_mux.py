@@ -204,6 +204,9 @@ def test_malformed_frames_close_with_a_clear_code(frame: bytes, code: int, words
 def test_frames_before_settings_and_bad_settings() -> None:
     exc = violation(MuxConnection(False), encode_frame(FrameType.PING, 0, bytes(8)))
     assert "before SETTINGS" in str(exc)
+    # Only CLOSE may come first: it refuses a connection with a reason.
+    refused = feed(MuxConnection(False), encode_frame(FrameType.CLOSE, 0, bytes(7) + b"\x01no"))
+    assert refused == [ConnectionClosed(1, "no", True)]
     exc = violation(MuxConnection(False), encode_settings({1: 100}))
     assert "MAX_FRAME_SIZE" in str(exc)
     twice = encode_frame(FrameType.SETTINGS, 0, struct.pack(">HQHQ", 2, 5, 2, 5))

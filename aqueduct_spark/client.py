@@ -176,6 +176,16 @@ def _is_connection_failure(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionLost | ConnectionError | OSError | asyncio.TimeoutError)
 
 
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait when the service refused a request for now (``UNAVAILABLE`` with a
+    ``retry_after`` detail: a per-connection limit was reached); None for other errors."""
+    if isinstance(exc, P.Unavailable):
+        after = exc.details.get("retry_after")
+        if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
+            return float(after)
+    return None
+
+
 class AsyncClient:
     """An asyncio client for one dataset service (one connection, reopened as needed)."""
 
@@ -415,6 +425,7 @@ class AsyncClient:
         delivered = 0
         delay = self.config.retry_backoff
         failures = 0
+        refused_until = None
         while True:
             try:
                 async for batch in self._scan_once(
@@ -424,6 +435,16 @@ class AsyncClient:
                     yield batch
                 return
             except BaseException as exc:
+                after = _retry_after(exc)
+                if after is not None:
+                    # Refused for now: too many scans open on this connection. Nothing was
+                    # read, and the connection is fine; wait a turn, for up to ``timeout``.
+                    now = asyncio.get_running_loop().time()
+                    refused_until = refused_until or now + self.config.timeout
+                    if now + after > refused_until:
+                        raise
+                    await asyncio.sleep(after * (1 + random.random()))
+                    continue
                 if not _is_connection_failure(exc) or failures >= self.config.retries:
                     raise
                 failures += 1

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,12 @@ def start_service(
     port: int = 0,
     workers: int = 1,
     backend: str = "auto",
+    args: Sequence[str] = (),
 ) -> ServiceProcess:
-    """Run ``aqueduct serve`` on loopback and wait for its ready line."""
+    """Run ``aqueduct serve`` on loopback and wait for its ready line. ``args`` are more
+    ``serve`` flags (``["--max-scans", "2"]``)."""
     cmd = [sys.executable, "-m", "aqueduct_spark.service.cli", "serve", "--root", str(root)]
-    cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend]
+    cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend, *args]
     if token:
         cmd += ["--token", token]
     proc = subprocess.Popen(

@@ -142,6 +142,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="QUIC packet size (default: largest on loopback, 1472 elsewhere)",
     )
+    s.add_argument(
+        "--max-requests",
+        type=_positive,
+        default=64,
+        metavar="N",
+        help="requests of one connection served at once; more wait (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-scans",
+        type=_positive,
+        default=16,
+        metavar="N",
+        help="scans one connection may have open; more are refused, to be retried "
+        "(default %(default)s)",
+    )
 
     c = sub.add_parser("cert", help="create a development CA and server certificate")
     c.add_argument(
@@ -242,6 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _listen_transports(text: str) -> str:
     names = {n.strip().lower() for n in text.split(",") if n.strip()}
     if not names or not names <= {"quic", "tcp"}:
@@ -339,6 +364,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "packet_size": args.packet_size,
         "transport": args.transport,
+        "max_requests": args.max_requests,
+        "max_scans": args.max_scans,
         "reuse_port": args.workers > 1,
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
@@ -432,7 +459,11 @@ async def _serve_forever(
     from aqueduct_spark.service.server import ServiceConfig, start
 
     config = ServiceConfig(
-        spec["root"], token=spec["token"] or None, storage_options=spec["storage_options"]
+        spec["root"],
+        token=spec["token"] or None,
+        storage_options=spec["storage_options"],
+        max_requests=spec["max_requests"],
+        max_scans=spec["max_scans"],
     )
     transport = TransportConfig(
         backend=spec["backend"], packet_size=spec["packet_size"], transport=spec["transport"]

@@ -1,9 +1,10 @@
 """The dataset service: answers dataset-protocol requests over Aqueduct, stores in Delta Lake.
 
-Each connection's requests run concurrently, each in its own task; blocking Delta Lake and
-Parquet work runs in worker threads. Scans send batches as the transport accepts them (a
-small sender queue plus per-channel flow control), so a slow reader holds at most a few
-batches in this process, never whole files.
+Each connection's requests run concurrently, each in its own task, up to ``max_requests``
+at once; blocking Delta Lake and Parquet work runs in worker threads shared fairly between
+connections, and a closed connection's work is cancelled at once (``admission``). Scans
+send batches as the transport accepts them (a small sender queue plus per-channel flow
+control), so a slow reader holds at most a few batches in this process, never whole files.
 """
 
 from __future__ import annotations
@@ -22,20 +23,25 @@ import pyarrow as pa
 
 from aqueduct_core.api import Connection, OneshotSender, Receiver, Sender
 from aqueduct_core.api.channel import Handle, _SendEnd
+from aqueduct_core.api.codec import CborCodec, Codec, Detach, RawCodec
 from aqueduct_core.errors import (
     AqueductError,
     ChannelError,
     DecodeError,
     EndOfChannel,
+    RemoteProtocolError,
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service import store as S
+from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
 
 log = logging.getLogger("aqueduct.service")
 
 SCAN_QUEUE = 2
 """Batches a scan may queue ahead of the reader (on top of the flow-control window)."""
+SCAN_RETRY_AFTER = 0.5
+"""Seconds a client refused a scan (too many open) is told to wait before trying again."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,21 @@ class ServiceConfig:
     heartbeat: float = 2.0
     """A subscription hearing nothing new for this long gets the latest version again: it
     keeps the connection from going idle, and lets the client notice a service that died."""
+    max_requests: int = 64
+    """Requests of one connection served at once (scans, writes and subscriptions count until
+    they end); further requests wait unread in the connection."""
+    max_scans: int = 16
+    """Scans one connection may have open; one more is refused with UNAVAILABLE and a
+    ``retry_after`` detail (the Python client waits and retries)."""
+    threads: int = DEFAULT_THREADS
+    """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "max_scans", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"ServiceConfig.{name} must be at least 1, got {getattr(self, name)}"
+                )
 
 
 def _translate(exc: BaseException) -> P.DatasetError:
@@ -127,6 +148,55 @@ def _end_handles(value: Any) -> None:
                 item.close()
 
 
+@dataclass
+class _Malformed:
+    """A request whose payload did not decode, with every channel it carried."""
+
+    error: str
+    handles: list[Handle]
+
+    def as_request(self) -> dict[str, Any]:
+        """Where to answer: its first oneshot sender and its first sender, if any."""
+        req: dict[str, Any] = {"handles": self.handles}
+        for h in self.handles:
+            if isinstance(h, OneshotSender):
+                req.setdefault("reply", h)
+            elif isinstance(h, Sender):
+                req.setdefault("out", h)
+        return req
+
+
+class _RequestCodec(CborCodec):
+    """CBOR, except that a request that does not decode is answered, not fatal.
+
+    The core codec raises, the message's channels are closed and the connection is lost.
+    Here the payload becomes a :class:`_Malformed` holding the message's channels, so the
+    service answers ``INVALID_REQUEST`` on the request's own reply channel and the
+    connection serves on. Attachment indexes are dense, so every channel the message
+    carried is found by asking for indexes until one does not exist.
+    """
+
+    def decode(self, payload: bytes | bytearray | memoryview, detach: Detach) -> Any:
+        taken: dict[int, Handle] = {}
+
+        def keep(index: int) -> Any:
+            taken[index] = handle = detach(index)
+            return handle
+
+        try:
+            return super().decode(payload, keep)
+        except Exception as exc:  # any payload either decodes or is answered as invalid
+            index = 0
+            while True:
+                if index not in taken:
+                    try:
+                        taken[index] = detach(index)
+                    except RemoteProtocolError:
+                        break  # past the last attachment
+                index += 1
+            return _Malformed(str(exc), list(taken.values()))
+
+
 class DatasetService:
     """Serves the dataset protocol from a :class:`Store`."""
 
@@ -147,25 +217,65 @@ class DatasetService:
         }
         self._subscribers: dict[str, set[_Subscriber]] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._pool = FairPool(config.threads)
 
     # -- connection handling ----------------------------------------------------------
 
     def server_headers(self, client: Any) -> list[tuple[bytes, bytes]]:
         return [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
 
+    def codecs(self) -> dict[str, Codec]:
+        """The connection codecs: CBOR requests that answer malformed input, raw data."""
+        return {"cbor": _RequestCodec((Handle,)), "raw": RawCodec()}
+
     async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
         log.info("a client connected over %s", conn.transport)
         token = self.config.token
         authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
-        async with asyncio.TaskGroup() as tasks:
-            try:
-                async for request in entry:
-                    tasks.create_task(self._request(request, authed))
-            except ChannelError:
-                pass  # the client closed its entrypoint or went away: its requests end with it
-
-    async def _request(self, req: Any, authed: bool) -> None:
+        session = Session(self.config.max_requests, self.config.max_scans)
+        reading = asyncio.ensure_future(self._read_requests(entry, session, authed))
+        closed = asyncio.ensure_future(conn.wait_closed())
         try:
+            await asyncio.wait([reading, closed], return_when=asyncio.FIRST_COMPLETED)
+            if not closed.done():
+                # The client finished its entrypoint: what it asked for runs to its end,
+                # unless the connection closes first.
+                idle = asyncio.ensure_future(session.idle())
+                await asyncio.wait([idle, closed], return_when=asyncio.FIRST_COMPLETED)
+                idle.cancel()
+        finally:
+            # Whatever ended the connection, its work ends now: requests waiting for a
+            # thread never start, and no reply is computed for a client that is gone.
+            reading.cancel()
+            closed.cancel()
+            self._pool.forget(session)
+            await session.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+
+    async def _read_requests(self, entry: Receiver[Any], session: Session, authed: bool) -> None:
+        """Start serving each request, while fewer than ``max_requests`` are in flight."""
+        while True:
+            await session.slots.acquire()
+            try:
+                request = await entry.recv()
+            except (EndOfChannel, ChannelError):
+                session.slots.release()
+                return  # the client finished its entrypoint, or went away
+            except DecodeError as exc:  # the codec answers these; this is a backstop
+                session.slots.release()
+                log.warning("dropped a request that did not decode: %s", exc)
+                continue
+            session.start(self._request(request, authed, session))
+
+    async def _request(self, req: Any, authed: bool, session: Session) -> None:
+        try:
+            if isinstance(req, _Malformed):
+                error = req.error
+                req = req.as_request()
+                raise P.InvalidRequest(
+                    f"the request could not be decoded ({error}); send a CBOR map with a "
+                    "string 'op'"
+                )
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
             if not authed:
@@ -175,13 +285,13 @@ class DatasetService:
                 )
             op = req["op"]
             if op == "scan":
-                await self._scan(req)
+                await self._scan(req, session)
             elif op == "write":
-                await self._write(req)
+                await self._write(req, session)
             elif op == "subscribe":
-                await self._subscribe(req)
+                await self._subscribe(req, session)
             elif op in self._ops:
-                result = await asyncio.to_thread(self._ops[op], req)
+                result = await self._pool.run(session, self._ops[op], req)
                 self._reply(req, P.ok(result))
                 if op == "commit" and result.get("committed"):
                     self._notify(req["dataset"], result["version"])
@@ -354,12 +464,12 @@ class DatasetService:
         for sub in self._subscribers.get(dataset, ()):
             sub.offer(version)
 
-    async def _subscribe(self, req: dict[str, Any]) -> None:
+    async def _subscribe(self, req: dict[str, Any], session: Session) -> None:
         """Push the newest version of a dataset whenever the subscriber has room for it:
         demand-driven, coalescing (a slow subscriber gets the latest, never a backlog)."""
         out = _field(req, "out", Sender)
         name = _field(req, "dataset", str)
-        latest = await asyncio.to_thread(self.store.latest_version, name)
+        latest = await self._pool.run(session, self.store.latest_version, name)
         out.ordered(maxsize=1)
         sub = _Subscriber(latest)
         self._subscribers.setdefault(name, set()).add(sub)
@@ -391,7 +501,7 @@ class DatasetService:
                 await asyncio.sleep(self.config.poll_interval)
                 for name in list(self._subscribers):
                     try:
-                        latest = await asyncio.to_thread(self.store.latest_version, name)
+                        latest = await self._pool.run(self, self.store.latest_version, name)
                     except S.StoreError:
                         continue
                     self._notify(name, latest)
@@ -400,8 +510,22 @@ class DatasetService:
 
     # -- streaming operations ---------------------------------------------------------
 
-    async def _scan(self, req: dict[str, Any]) -> None:
+    async def _scan(self, req: dict[str, Any], session: Session) -> None:
         out = _field(req, "out", Sender)
+        if session.scans >= session.max_scans:
+            raise P.Unavailable(
+                f"this connection has {session.scans} scans open, the most the service allows "
+                f"(--max-scans {session.max_scans}); read or close the open scans, or retry "
+                f"this one in {SCAN_RETRY_AFTER} s",
+                {"retry_after": SCAN_RETRY_AFTER},
+            )
+        session.scans += 1
+        try:
+            await self._stream_scan(req, out, session)
+        finally:
+            session.scans -= 1
+
+    async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
         split = S.Split.from_dict(_field(req, "split", dict))
         columns = _field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
@@ -424,7 +548,7 @@ class DatasetService:
         batches = produce()
         seq = 0
         while True:
-            item = await asyncio.to_thread(next, batches, None)
+            item = await self._pool.run(session, next, batches, None)
             if item is None:
                 break
             payload, rows = item
@@ -432,7 +556,7 @@ class DatasetService:
             seq += 1
         out.finish()
 
-    async def _write(self, req: dict[str, Any]) -> None:
+    async def _write(self, req: dict[str, Any], session: Session) -> None:
         data = _field(req, "data", Receiver)
         name = _field(req, "dataset", str)
         txn = _field(req, "txn", str)
@@ -442,8 +566,8 @@ class DatasetService:
             raise P.InvalidRequest("a write channel needs the Arrow schema in its headers")
         schema = P.schema_from_bytes(schema_bytes)
         partition_by = _field(req, "partition_by", list, [])
-        writer = await asyncio.to_thread(
-            self.store.open_stage, name, txn, task, schema, partition_by
+        writer = await self._pool.run(
+            session, self.store.open_stage, name, txn, task, schema, partition_by
         )
         rows = 0
         try:
@@ -462,10 +586,12 @@ class DatasetService:
                     )
                 batch = P.batch_from_payload(delivery.value, schema)
                 rows += batch.num_rows
-                await asyncio.to_thread(writer.write, batch)
-            staged = await asyncio.to_thread(writer.close)
+                await self._pool.run(session, writer.write, batch)
+            staged = await self._pool.run(session, writer.close)
         except BaseException:
-            await asyncio.to_thread(writer.abort)
+            # Not through the pool: a cancelled request (its connection closed) must still
+            # remove what it staged, and must not wait for its turn to do so.
+            await asyncio.shield(asyncio.to_thread(writer.abort))
             raise
         self._reply(
             req,
@@ -523,6 +649,7 @@ async def start(
         tls=tls,
         headers=service.server_headers,
         config=transport,
+        codecs=service.codecs(),
         reuse_port=reuse_port,
     )
     return service, server

@@ -83,6 +83,7 @@ class Connection:
         self._terminals: dict[int, Terminal] = {}
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._ready: asyncio.Future[None] = self._loop.create_future()
+        self._confirmed: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] = self._loop.create_future()
         self._close_error: BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -150,6 +151,26 @@ class Connection:
         """Wait until the peer's connection headers arrived (the handshake completed)."""
         await asyncio.shield(self._ready)
 
+    @property
+    def handshake_confirmed(self) -> bool:
+        """The QUIC handshake completed. Before that, a server may already be reading
+        requests a client sent in 0-RTT, which an attacker can replay (profile §2.11)."""
+        return self._engine.handshake_confirmed
+
+    async def wait_confirmed(self) -> None:
+        """Wait until the QUIC handshake completed, so that what the peer sent is not a
+        replay of its 0-RTT data: a server awaits this before acting on any request that is
+        not safe to repeat (writes, commits). Returns at once without 0-RTT; raises
+        ConnectionLost if the connection ends first (a replayed handshake never completes).
+        """
+        if self._engine.handshake_confirmed:
+            return
+        if self.is_closed:
+            raise self._close_error or ConnectionLost("the connection is closed")
+        if self._confirmed is None:
+            self._confirmed = self._loop.create_future()
+        await asyncio.shield(self._confirmed)
+
     # -- driver side -------------------------------------------------------------------
 
     def attach_driver(self, driver: Driver) -> None:
@@ -181,6 +202,9 @@ class Connection:
                 self._on_headers()
             elif kind is ConnectionTerminated:
                 self._on_terminated(event)  # type: ignore[arg-type]
+        if self._confirmed is not None and engine.handshake_confirmed:
+            self._confirmed.set_result(None)
+            self._confirmed = None
         when = engine.next_timer()
         if when != self._timer_at:
             if self._timer is not None:
@@ -220,6 +244,10 @@ class Connection:
         if not self._ready.done():
             self._ready.set_exception(error)
             self._ready.exception()  # mark retrieved: nobody may be waiting
+        if self._confirmed is not None:
+            self._confirmed.set_exception(error)
+            self._confirmed.exception()
+            self._confirmed = None
         if not self._closed.done():
             self._closed.set_result(None)
         for chanid in list(self._waiters):

@@ -68,6 +68,12 @@ class TransportConfig:
     pacing: bool | None = None
     """aioquic only: False turns its pacer off (much faster on loopback, risky on real
     paths). None: off for loopback addresses, on otherwise. qh3 always paces."""
+    zero_rtt: bool | None = None
+    """0-RTT (profile §2.11). A client resumes a server it connected to before in this
+    process and sends its connection headers in 0-RTT, so it is ready one round trip
+    sooner; a server issues single-use session tickets and accepts 0-RTT. None: on, unless
+    the environment sets ``AQUEDUCT_ZERORTT=0``. False: every connection is a full
+    handshake."""
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def with_(self, **changes: object) -> TransportConfig:
@@ -89,6 +95,13 @@ def resolve_backend(name: Backend) -> Literal["aioquic", "qh3"]:
     if name not in ("aioquic", "qh3"):
         raise ValueError(f"unknown QUIC backend {name!r}: use 'auto', 'aioquic' or 'qh3'")
     return name
+
+
+def zero_rtt_enabled(config: TransportConfig) -> bool:
+    if config.zero_rtt is not None:
+        return config.zero_rtt
+    setting = os.environ.get("AQUEDUCT_ZERORTT", "1").strip().lower()
+    return setting not in ("0", "false", "no", "off")
 
 
 def is_loopback(host: str) -> bool:

@@ -26,11 +26,14 @@ from aqueduct_core.transport.config import (
     pacing_for,
     packet_size_for,
     resolve_backend,
+    zero_rtt_enabled,
 )
 from aqueduct_core.transport.quic import protocol_class, udp_socket
 from aqueduct_core.transport.tls import (
+    CLIENT_SESSIONS,
     ClientTLS,
     DevCertificates,
+    ServerTickets,
     ServerTLS,
     file_fingerprint,
     make_dev_certificates,
@@ -76,9 +79,16 @@ async def connect(
     tls: ClientTLS | None = None,
     config: TransportConfig | None = None,
     codecs: dict[str, Codec] | None = None,
+    early_data: bool = False,
 ) -> Connection:
     """Connect to an Aqueduct server; returns once the handshake (QUIC, then Aqueduct's
-    connection headers) completed. ``headers`` are sent as our connection headers."""
+    connection headers) completed. ``headers`` are sent as our connection headers.
+
+    With ``early_data=True`` and a session ticket from an earlier connection to the same
+    server in this process, it returns at once: what is sent next rides 0-RTT, a round trip
+    sooner, but an attacker can replay it, so send only requests that are safe to repeat
+    (a server holds the others until the handshake completes). Messages sent before the
+    server's headers arrive use the ``cbor`` codec."""
     config = config or TransportConfig()
     tls = tls or ClientTLS()
     backend = load(resolve_backend(config.backend))
@@ -105,7 +115,7 @@ async def connect(
     family, _, _, _, addr = infos[0]
     bind = "::" if family == socket.AF_INET6 else "0.0.0.0"
     sock = udp_socket(bind, 0, config.socket_buffer, family)
-    quic = backend.QuicConnection(configuration=qc)
+    quic, resuming = _client_quic(backend, config, qc, (host, port, tls))
     proto_cls = protocol_class(backend)
     engine_cfg = config.engine
     if engine_cfg.handshake_timeout != config.handshake_timeout:
@@ -126,8 +136,13 @@ async def connect(
     except BaseException:
         sock.close()
         raise
-    protocol.connect(addr)
     conn: Connection = protocol.conn
+    if resuming:
+        protocol.connect_early(addr)
+        if early_data and protocol.zero_rtt:
+            return conn
+    else:
+        protocol.connect(addr)
     try:
         await asyncio.wait_for(conn.wait_ready(), config.handshake_timeout)
     except asyncio.CancelledError:
@@ -149,6 +164,27 @@ async def connect(
     return conn
 
 
+def _client_quic(backend: Any, config: TransportConfig, qc: Any, server: Any) -> tuple[Any, bool]:
+    """The client's QuicConnection, resuming the server's session (0-RTT, profile §2.11)
+    with the ticket and token kept from an earlier connection in this process; tickets and
+    tokens this connection receives are kept for the next one (``tls.ClientSessions``).
+    Returns it and whether a ticket was presented."""
+    if not zero_rtt_enabled(config):
+        return backend.QuicConnection(configuration=qc), False
+    key = (backend.name, config.alpn, qc.server_name, *server)
+    ticket = CLIENT_SESSIONS.take_ticket(key)
+    if ticket is not None:
+        qc.session_ticket = ticket
+    handlers: dict[str, Any] = {
+        "session_ticket_handler": lambda t: CLIENT_SESSIONS.ticket_received(key, t)
+    }
+    if backend.name == "aioquic":
+        # qh3 2.1 neither presents a configured token nor reports NEW_TOKEN frames.
+        qc.token = CLIENT_SESSIONS.token(key)
+        handlers["token_handler"] = lambda t: CLIENT_SESSIONS.token_received(key, t)
+    return backend.QuicConnection(configuration=qc, **handlers), ticket is not None
+
+
 class Server:
     """A running Aqueduct server. ``port`` is the bound port (useful with port 0);
     ``fingerprint`` the SHA-256 of its certificate, for clients to pin."""
@@ -163,6 +199,8 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._closed = asyncio.Event()
+        self.tickets = ServerTickets()
+        """Session tickets issued for 0-RTT, each accepted once (``tls.ServerTickets``)."""
 
     @property
     def ca_file(self) -> str | None:
@@ -252,6 +290,13 @@ async def serve(
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = udp_socket(host, port, config.socket_buffer, family, reuse_port)
 
+    tickets: dict[str, Any] = {}
+    if zero_rtt_enabled(config):
+        tickets = {
+            "session_ticket_fetcher": server.tickets.pop,
+            "session_ticket_handler": server.tickets.add,
+        }
+
     def create_protocol(quic: Any, stream_handler: Any = None) -> Any:
         return proto_cls(
             quic,
@@ -263,7 +308,9 @@ async def serve(
 
     try:
         _, server._quic_server = await loop.create_datagram_endpoint(
-            lambda: backend.QuicServer(configuration=qc, create_protocol=create_protocol),
+            lambda: backend.QuicServer(
+                configuration=qc, create_protocol=create_protocol, **tickets
+            ),
             sock=sock,
         )
     except BaseException:

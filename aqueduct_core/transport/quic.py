@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import logging
 import socket
 from collections import deque
@@ -39,7 +40,7 @@ from aqueduct_core.engine import (
 )
 from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.backends import Backend, apply_aioquic
-from aqueduct_core.transport.config import TransportConfig
+from aqueduct_core.transport.config import TransportConfig, zero_rtt_enabled
 
 log = logging.getLogger("aqueduct.transport")
 
@@ -71,6 +72,7 @@ def _build(backend: Backend) -> type:
     base: Any = backend.QuicConnectionProtocol
     # What a library raises when asked to write on a stream or connection that is gone.
     lib_errors = (ValueError, RuntimeError, backend.QuicConnectionError)
+    zero_rtt_epoch = importlib.import_module(f"{backend.name}.tls").Epoch.ZERO_RTT
 
     class AqueductProtocol(base):  # type: ignore[misc]
         """One QUIC connection carrying one Aqueduct connection."""
@@ -115,6 +117,13 @@ def _build(backend: Backend) -> type:
             a transmit follows every batch, so commands need no transmit of their own."""
             self._dirty = False
             """The batch gave the engine more than payload bytes: drain its outputs."""
+            self.zero_rtt: bool | None = None
+            """Client: None without 0-RTT, True when the server accepted it, False if not."""
+            if not self.is_client_side and zero_rtt_enabled(config):
+                # Profile §2.11: stream input before the handshake completes is 0-RTT data
+                # TLS accepted; the engine takes it at once, the application holds what is
+                # not safe to replay until Connection.wait_confirmed().
+                self.engine.early_data(self._loop.time())
 
         # -- engine commands (the Driver protocol) --------------------------------------
 
@@ -354,7 +363,7 @@ def _build(backend: Backend) -> type:
             elif kind is ev.StreamReset:
                 engine.stream_reset(event.stream_id, now)
             elif kind is ev.HandshakeCompleted:
-                self._handshake_completed(now)
+                self._handshake_completed(now, event)
             elif kind is ev.ConnectionTerminated:
                 reason = event.reason_phrase or ""
                 if event.frame_type is not None and not reason:
@@ -370,8 +379,50 @@ def _build(backend: Backend) -> type:
                 self._update_rtt()
                 self.conn._flush()
 
-        def _handshake_completed(self, now: float) -> None:
-            if self.pin is not None and is_aioquic:
+        def connect_early(self, addr: Any) -> None:
+            """``connect``, with the engine's 0-RTT data in the same first datagram as the
+            ClientHello: the server reads both before it answers, so its headers leave with
+            its handshake flight; sent a moment later, qh3's pacer (which counts every
+            packet as ``max_datagram_size``) holds them for tens of milliseconds."""
+            quic = self._quic
+            library_connect = quic.connect
+
+            def connect_then_early(addr: Any, now: float) -> None:
+                library_connect(addr, now=now)
+                self.start_early_data()
+
+            quic.connect = connect_then_early
+            try:
+                self.connect(addr)
+            finally:
+                del quic.connect
+
+        def start_early_data(self) -> bool:
+            """Client, once ``connect`` set keys up: if a session ticket put 0-RTT keys in
+            place, the engine sends VERSION and its connection headers now, in 0-RTT (§2.11).
+
+            If the server rejects 0-RTT, both libraries send those STREAM frames again in
+            1-RTT packets on the same streams (the server never saw the 0-RTT ones), and
+            DATAGRAM frames are not sent again (tests/core/test_zero_rtt.py, case 71); so
+            the adapter keeps no copies of its own and remaps no stream ids."""
+            quic = self._quic
+            if is_aioquic:
+                early = quic._cryptos[zero_rtt_epoch].send.is_valid()
+            else:
+                early = bool(quic._early_data_attempted)
+            if early:
+                self.zero_rtt = True
+                self.engine.early_data(self._loop.time())
+                self.conn._flush()
+            return bool(early)
+
+        def _handshake_completed(self, now: float, event: Any) -> None:
+            if self.zero_rtt and not event.early_data_accepted:
+                self.zero_rtt = False
+                log.debug("the server rejected 0-RTT: its stream data goes again in 1-RTT")
+            # A resumed session has no certificate: the ticket came from a connection whose
+            # certificate matched the pin (tickets are kept per pin, tls.ClientSessions).
+            if self.pin is not None and is_aioquic and not event.session_resumed:
                 cert = self._quic.tls._peer_certificate
                 from cryptography.hazmat.primitives.serialization import Encoding
 

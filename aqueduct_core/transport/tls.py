@@ -13,9 +13,13 @@ import datetime as dt
 import hashlib
 import ipaddress
 import os
+import threading
 import warnings
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -183,3 +187,95 @@ def warn_insecure(host: str) -> None:
         InsecureConnectionWarning,
         stacklevel=3,
     )
+
+
+# -- 0-RTT: session tickets and address-validation tokens (profile §2.11) -----------------
+
+
+class ClientSessions:
+    """What a client keeps to resume a server's session with 0-RTT: the newest TLS session
+    ticket and the newest address-validation token (QUIC NEW_TOKEN) per server.
+
+    It lives in the memory of this process only, so a new process starts with a full
+    handshake. A server is the backend, address, port, TLS server name, ALPN and the way its
+    certificate was verified (CA file, pin or none): a ticket earned under one verification
+    is never presented under another. A ticket is used once (taken when a connection
+    starts; the server sends a new one on every connection) and only until the lifetime the
+    server gave it (24 hours with both backends); a token is kept until a newer one
+    replaces it. The least recently used servers are forgotten beyond ``max_servers``.
+    """
+
+    def __init__(self, max_servers: int = 256) -> None:
+        self.max_servers = max_servers
+        self._entries: OrderedDict[Hashable, list[Any]] = OrderedDict()
+        self._lock = threading.Lock()  # clients of several event loops share the store
+
+    def take_ticket(self, key: Hashable) -> Any:
+        """The server's ticket, removed from the store, or None (none, or expired)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            ticket, entry[0] = entry[0], None
+        return ticket if ticket is not None and ticket.is_valid else None
+
+    def token(self, key: Hashable) -> bytes:
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry[1] if entry is not None else b""
+
+    def ticket_received(self, key: Hashable, ticket: Any) -> None:
+        self._put(key, 0, ticket)
+
+    def token_received(self, key: Hashable, token: bytes) -> None:
+        self._put(key, 1, bytes(token))
+
+    def forget(self, key: Hashable | None = None) -> None:
+        """Forget one server (or every server): the next connection is a full handshake."""
+        with self._lock:
+            if key is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(key, None)
+
+    def _put(self, key: Hashable, slot: int, value: Any) -> None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [None, b""]
+            entry[slot] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_servers:
+                self._entries.popitem(last=False)
+
+
+CLIENT_SESSIONS = ClientSessions()
+"""The process-wide store :func:`aqueduct_core.transport.connect` uses."""
+
+
+class ServerTickets:
+    """The session tickets a server issued, each accepted once (profile §2.11).
+
+    A ticket is removed when a client presents it, so a replayed ClientHello (and the 0-RTT
+    data after it) finds no ticket, and the server falls back to a full handshake that
+    discards the replayed early data. The store is in memory: tickets die with the server
+    process, and each worker process of a ``reuse_port`` farm knows only its own. At most
+    ``max_tickets`` are kept (the oldest are dropped).
+    """
+
+    def __init__(self, max_tickets: int = 10_000) -> None:
+        self.max_tickets = max_tickets
+        self._tickets: OrderedDict[bytes, Any] = OrderedDict()
+
+    def add(self, ticket: Any) -> None:
+        self._tickets[ticket.ticket] = ticket
+        while len(self._tickets) > self.max_tickets:
+            self._tickets.popitem(last=False)
+
+    def pop(self, label: bytes) -> Any:
+        ticket = self._tickets.pop(label, None)
+        return ticket if ticket is not None and ticket.is_valid else None
+
+    def __len__(self) -> int:
+        return len(self._tickets)

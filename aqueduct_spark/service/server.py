@@ -197,6 +197,11 @@ class _RequestCodec(CborCodec):
             return _Malformed(str(exc), list(taken.values()))
 
 
+REPLAY_SAFE = frozenset({"list", "describe", "plan", "scan", "offsets", "changes", "subscribe"})
+"""Requests the service acts on before the QUIC handshake completes (they only read);
+every other one (create, drop, begin, write, commit, abort) waits for it (profile §2.11)."""
+
+
 class DatasetService:
     """Serves the dataset protocol from a :class:`Store`."""
 
@@ -233,7 +238,7 @@ class DatasetService:
         token = self.config.token
         authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
         session = Session(self.config.max_requests, self.config.max_scans)
-        reading = asyncio.ensure_future(self._read_requests(entry, session, authed))
+        reading = asyncio.ensure_future(self._read_requests(entry, session, authed, conn))
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
             await asyncio.wait([reading, closed], return_when=asyncio.FIRST_COMPLETED)
@@ -252,7 +257,9 @@ class DatasetService:
             await session.cancel()
             await asyncio.gather(reading, return_exceptions=True)
 
-    async def _read_requests(self, entry: Receiver[Any], session: Session, authed: bool) -> None:
+    async def _read_requests(
+        self, entry: Receiver[Any], session: Session, authed: bool, conn: Connection
+    ) -> None:
         """Start serving each request, while fewer than ``max_requests`` are in flight."""
         while True:
             await session.slots.acquire()
@@ -265,9 +272,11 @@ class DatasetService:
                 session.slots.release()
                 log.warning("dropped a request that did not decode: %s", exc)
                 continue
-            session.start(self._request(request, authed, session))
+            session.start(self._request(request, authed, session, conn))
 
-    async def _request(self, req: Any, authed: bool, session: Session) -> None:
+    async def _request(
+        self, req: Any, authed: bool, session: Session, conn: Connection | None = None
+    ) -> None:
         try:
             if isinstance(req, _Malformed):
                 error = req.error
@@ -284,6 +293,10 @@ class DatasetService:
                     "to the one the service was started with"
                 )
             op = req["op"]
+            if op not in REPLAY_SAFE and conn is not None:
+                # Profile §2.11: a request may have come in 0-RTT, which an attacker can
+                # replay; only reads run before the handshake proves the client is live.
+                await conn.wait_confirmed()
             if op == "scan":
                 await self._scan(req, session)
             elif op == "write":

@@ -125,6 +125,32 @@ def _filler_certs(n: int) -> list[bytes]:
 
 
 CONNECTS = 100
+STALL = 0.05
+"""Event-loop lag beyond which a connect measured the machine (2 cores shared by several
+test runs), not the protocol: such a connect is measured again, at most 50 times in all."""
+
+
+class LoopLag:
+    """Largest oversleep of a 5 ms timer since ``reset``: how long the event loop could
+    not run. A handshake waiting for a probe timeout (the defect these tests catch) is idle,
+    so it shows no lag; a descheduled process does."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.005)
+            self.worst = max(self.worst, loop.time() - before - 0.005)
+
+    def reset(self) -> None:
+        self.worst = 0.0
+
+    def stop(self) -> None:
+        self._task.cancel()
 
 
 @pytest.mark.quic
@@ -133,33 +159,52 @@ def test_100_connects_per_backend_pair_none_fails_p99_under_200_ms(
     client: str, server: str
 ) -> None:
     """Acceptance (issue 13): 100 sequential connects on loopback, each timed from
-    ``connect()`` to its return (QUIC handshake and Aqueduct's connection headers)."""
+    ``connect()`` to its return (QUIC handshake and Aqueduct's connection headers). Full
+    handshakes: 0-RTT, which would resume most of them, has its own tests. Every connect
+    must succeed, including those measured again after a stall of the machine."""
 
-    async def main() -> list[float]:
+    async def main() -> tuple[list[float], int]:
         async def handler(conn: Any, rx: Any) -> None:
             await conn.wait_closed()
 
-        srv = await serve(handler, config=TransportConfig(backend=server))  # type: ignore[arg-type]
-        config = TransportConfig(backend=client, handshake_timeout=5.0)  # type: ignore[arg-type]
+        srv = await serve(
+            handler,
+            config=TransportConfig(backend=server, zero_rtt=False),  # type: ignore[arg-type]
+        )
+        config = TransportConfig(
+            backend=client,  # type: ignore[arg-type]
+            handshake_timeout=5.0,
+            zero_rtt=False,
+        )
         tls = srv.client_tls()
-        times = []
+        times: list[float] = []
+        stalled = 0
+        lag = LoopLag()
         try:
             # One connect first: imports and first-use costs are not the handshake's.
             await (await connect("127.0.0.1", srv.port, tls=tls, config=config)).close()
-            for _ in range(CONNECTS):
+            while len(times) < CONNECTS:
+                lag.reset()
                 start = time.perf_counter()
                 conn = await connect("127.0.0.1", srv.port, tls=tls, config=config)
-                times.append(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                if lag.worst > STALL and stalled < 50:
+                    stalled += 1
+                else:
+                    times.append(took)
                 await conn.close()
         finally:
+            lag.stop()
             await srv.close()
-        return times
+        return times, stalled
 
-    times = sorted(asyncio.run(asyncio.wait_for(main(), 120)))
+    times, stalled = asyncio.run(asyncio.wait_for(main(), 120))
+    times.sort()
     assert len(times) == CONNECTS
     p99 = times[98]
     print(
         f"{client} -> {server}: median {times[49] * 1000:.1f} ms, "
-        f"p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms"
+        f"p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms "
+        f"({stalled} measured again after a stall)"
     )
     assert p99 < 0.2, f"p99 handshake {p99 * 1000:.0f} ms (median {times[49] * 1000:.0f} ms)"

@@ -101,6 +101,13 @@ def check(name: str) -> None:
             raise BackendMismatch(f"aioquic {backend.version}: the pacer moved")
         if not hasattr(quic, "_remote_max_datagram_frame_size"):
             raise BackendMismatch(f"aioquic {backend.version}: datagram limit moved")
+        # 0-RTT: the adapter asks whether the 0-RTT send keys are in place (quic.py).
+        quic.connect(("127.0.0.1", 9), now=0.0)
+        early = getattr(quic, "_cryptos", {}).get(
+            importlib.import_module("aioquic.tls").Epoch.ZERO_RTT
+        )
+        if early is None or not callable(getattr(getattr(early, "send", None), "is_valid", None)):
+            raise BackendMismatch(f"aioquic {backend.version}: the 0-RTT keys moved")
     else:
         qc: Any = importlib.import_module("qh3.quic.connection")
         tb: Any = importlib.import_module("qh3.quic.tls_bridge")
@@ -111,7 +118,14 @@ def check(name: str) -> None:
         if getattr(qc, "_pull_quic_header", None) is not _padded_header_hook:
             raise BackendMismatch(f"qh3 {backend.version}: QuicConnection's header parser moved")
         quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
-        for attr in ("_core", "_call_core", "_quic_logger", "_log_datagram", "_log_packets"):
+        for attr in (
+            "_core",
+            "_call_core",
+            "_quic_logger",
+            "_log_datagram",
+            "_log_packets",
+            "_early_data_attempted",  # 0-RTT keys in place (quic.py)
+        ):
             if not hasattr(quic, attr):
                 raise BackendMismatch(f"qh3 {backend.version}: QuicConnection.{attr} moved")
 

@@ -75,6 +75,53 @@ def spark_to_arrow(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
 
 
+def writable_arrow(schema: StructType) -> pa.Schema:
+    """The Arrow schema of a DataFrame to write; SchemaMismatch naming the column for a type
+    that has no Delta Lake equivalent (pyspark's own error would name neither)."""
+    from pyspark.sql import types as T
+
+    hints = {
+        "DayTimeIntervalType": "e.g. a long of microseconds, or a string",
+        "YearMonthIntervalType": "e.g. an int of months, or a string",
+        "CalendarIntervalType": "e.g. a string",
+        "NullType": "an all-null column still needs one: e.g. lit(None).cast('string')",
+        "TimeType": "e.g. a string, or a long of microseconds since midnight",
+        "VariantType": "e.g. to_json(column), a string",
+    }
+
+    def check(t: Any, where: str) -> Any:
+        if isinstance(t, T.CharType | T.VarcharType):
+            return T.StringType()  # stored as strings (pyspark has no Arrow type for them)
+        hint = hints.get(type(t).__name__)
+        if hint is not None:
+            raise P.SchemaMismatch(
+                f"column {where!r} has Spark type {t.simpleString()}, which Delta Lake cannot "
+                f"store; cast it to a supported type ({hint})"
+            )
+        if isinstance(t, T.StructType):
+            return T.StructType(
+                [
+                    T.StructField(f.name, check(f.dataType, f"{where}.{f.name}"), f.nullable)
+                    for f in t.fields
+                ]
+            )
+        if isinstance(t, T.ArrayType):
+            return T.ArrayType(check(t.elementType, f"{where}[]"), t.containsNull)
+        if isinstance(t, T.MapType):
+            return T.MapType(
+                check(t.keyType, f"{where}.key"),
+                check(t.valueType, f"{where}.value"),
+                t.valueContainsNull,
+            )
+        return t
+
+    fields = [
+        T.StructField(f.name, check(f.dataType, f.name), f.nullable, f.metadata)
+        for f in schema.fields
+    ]
+    return spark_to_arrow(T.StructType(fields))
+
+
 def arrow_to_spark(schema: pa.Schema) -> StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -312,7 +359,7 @@ class AqueductWriter(DataSourceArrowWriter):
         # with a clear error, before any task runs.
         self.txn = _client(opts).begin(
             opts.dataset,
-            spark_to_arrow(schema),
+            writable_arrow(schema),
             mode=self.mode,
             partition_by=opts.partition_by,
             overwrite_schema=opts.overwrite_schema,

@@ -28,7 +28,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import options as O
-from aqueduct_spark.datasource import _client, spark_to_arrow
+from aqueduct_spark.datasource import _client, writable_arrow
 
 log = logging.getLogger("aqueduct.stream")
 
@@ -63,7 +63,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
             # transaction of its own: the messages carry the tasks' one.
             self.txn = _client(opts).begin(
                 opts.dataset,
-                spark_to_arrow(schema),
+                writable_arrow(schema),
                 mode=self.mode,
                 partition_by=opts.partition_by,
                 overwrite_schema=overwrite or opts.overwrite_schema,

@@ -383,10 +383,15 @@ def _stat(v: Any, t: pa.DataType, up: bool) -> Any:
     if v is None:
         return None
     if pa.types.is_timestamp(t) and isinstance(v, dt.datetime):
-        if v.tzinfo is not None:
+        utc = v.tzinfo is not None
+        if utc:
             v = v.astimezone(dt.UTC).replace(tzinfo=None)
-            return _ms(v, up).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        return _ms(v, up).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+        try:
+            bound = _ms(v, up)
+        except OverflowError:
+            return None  # above 9999-12-31 23:59:59.999: no millisecond bound exists
+        # isoformat, not strftime: %Y gives "1", not "0001", for the year 1 on Linux
+        return bound.isoformat(timespec="milliseconds") + ("Z" if utc else "")
     if pa.types.is_date(t) and isinstance(v, dt.date):
         return v.isoformat()
     if pa.types.is_integer(t) and isinstance(v, int):

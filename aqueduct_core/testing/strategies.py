@@ -224,3 +224,120 @@ def datagram_sequences(
         ),
     )
     return st.builds(lambda p, t: [*p, *t], prelude, tail)
+
+
+# -- hostile input for a server (issue 13) -------------------------------------------------
+
+__all__ += [
+    "claimed_numbers",
+    "client_chanids",
+    "hostile_messages",
+    "hostile_routed_frames",
+    "splits",
+    "unfinished_messages",
+]
+
+
+def claimed_numbers(gap: int | None = None) -> st.SearchStrategy[int]:
+    """MESSAGE_NUM, SENT_UNRELIABLE and FINISH_SENDER values a hostile peer claims: small
+    ones, ones on either side of the receiver's allowed ``gap`` (default: the engine's
+    ``max_message_gap``, profile G31), and ones far beyond it up to 2**64-1. Work or memory
+    proportional to any of these is a bug."""
+    if gap is None:
+        from aqueduct_core.engine.config import EngineConfig
+
+        gap = EngineConfig().max_message_gap
+    return st.one_of(
+        st.integers(0, 8),
+        st.integers(max(0, gap - 2), gap + 1),
+        st.sampled_from([1 << 32, 1 << 40, 1 << 62, 1 << 63, MAX_U64 - 1, MAX_U64]),
+        varints(),
+    )
+
+
+def client_chanids(sender: Side | None = None) -> st.SearchStrategy[int]:
+    """Chanids a client routes frames to on a server: mostly the entrypoint and channels the
+    client created (small indices, so they collide and repeat); now and then a
+    server-created channel the server never allocated. ``sender``: only channels whose
+    sender that side holds (``Side.CLIENT`` for MESSAGE and the other sender frames)."""
+    senders = [Side.CLIENT, Side.SERVER] if sender is None else [sender]
+    # Weights by repetition: one_of and sampled_from pick their options evenly.
+    creators = [Side.CLIENT] * 12 + [Side.SERVER]
+    made = st.builds(
+        make_chanid,
+        st.sampled_from(creators),
+        st.sampled_from(senders),
+        st.sampled_from([False, False, False, True]),
+        st.integers(0, 8),
+    )
+    if sender is Side.SERVER:
+        return made
+    return st.one_of(st.just(0), made)
+
+
+def hostile_messages(max_payload: int = 64) -> st.SearchStrategy[Message]:
+    """MESSAGE frames with claimed numbers and client-created attachments (small indices,
+    so they collide with routed channels and with each other across messages)."""
+    one = st.builds(
+        Attachment,
+        st.builds(
+            make_chanid,
+            st.just(Side.CLIENT),
+            st.sampled_from([Side.CLIENT, Side.SERVER]),
+            st.booleans(),
+            st.integers(0, 8),
+        ),
+        st.just(()),
+    )
+    return st.builds(
+        Message,
+        num=claimed_numbers(),
+        headers=st.one_of(st.just(()), headers(max_pairs=1, max_key=4, max_value=4)),
+        attachments=st.lists(one, max_size=3, unique_by=lambda a: a.chanid).map(tuple),
+        payload=st.binary(max_size=max_payload),
+    )
+
+
+def hostile_routed_frames(flow_control: bool = False) -> st.SearchStrategy[Frame]:
+    """Frames a client may send after ROUTE_TO, with claimed numbers in every count field."""
+    parts: list[st.SearchStrategy[Frame]] = [
+        hostile_messages(),
+        hostile_messages(),
+        st.builds(SentUnreliable, claimed_numbers()),
+        st.builds(FinishSender, claimed_numbers()),
+        st.just(CancelSender()),
+        st.builds(AckReliable, ack_reliable_ranges()),
+        st.builds(AckNackUnreliable, ack_nack_ranges()),
+        st.just(CloseReceiver()),
+        st.just(ForgetChannel()),
+    ]
+    if flow_control:
+        parts.append(st.builds(Dequeued, varints()))
+    return st.one_of(*parts)
+
+
+def unfinished_messages() -> st.SearchStrategy[bytes]:
+    """The bytes of a MESSAGE that stops inside its payload: the head announces more payload
+    (up to far more than any limit) than follows."""
+
+    from aqueduct_core.wire.frames import encode_frame
+    from aqueduct_core.wire.primitives import encode_varint
+
+    def build(num: int, announced: int, sent: int) -> bytes:
+        head = encode_frame(Message(num))
+        # An empty MESSAGE ends with its payload length, a single 0 byte: announce ours.
+        return head[:-1] + encode_varint(announced) + b"\xa5" * min(sent, announced - 1)
+
+    return st.builds(
+        build,
+        claimed_numbers(),
+        st.one_of(st.integers(1, 4096), st.sampled_from([1 << 20, 64 << 20, 1 << 30, MAX_U64])),
+        st.integers(0, 512),
+    )
+
+
+def splits(data: bytes, max_pieces: int = 8) -> st.SearchStrategy[list[bytes]]:
+    """``data`` cut into consecutive pieces at arbitrary offsets (empty pieces allowed), as a
+    QUIC stream may deliver it."""
+    cuts = st.lists(st.integers(0, len(data)), max_size=max_pieces - 1).map(sorted)
+    return cuts.map(lambda c: [data[a:b] for a, b in zip([0, *c], [*c, len(data)], strict=True)])

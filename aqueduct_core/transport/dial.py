@@ -145,36 +145,38 @@ async def _race(
 ) -> Connection:
     quic = asyncio.ensure_future(_quic(host, port, headers, tls, config, codecs, quic_options))
     tasks = [quic]
+    winner: Connection | None = None
     try:
         await asyncio.wait(tasks, timeout=config.tcp.race_delay)
-        if quic.done() and quic.exception() is None:
-            return _won(host, port, quic.result())
-        tasks.append(asyncio.ensure_future(_tcp(host, port, headers, tls, config, codecs)))
+        if not quic.done() or quic.exception() is not None:
+            tasks.append(asyncio.ensure_future(_tcp(host, port, headers, tls, config, codecs)))
         pending = set(tasks)
-        while pending:
+        while pending and winner is None:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task.exception() is None:
-                    return _won(host, port, task.result())
-        raise ConnectError(f"{quic.exception()} (and over TCP: {tasks[1].exception()})")
+            # Both may complete in one turn of the loop: QUIC, first in the list, wins then.
+            for task in tasks:
+                if task in done and task.exception() is None:
+                    winner = task.result()
+                    break
+        if winner is None:
+            raise ConnectError(f"{quic.exception()} (and over TCP: {tasks[1].exception()})")
+        _winners[(host, port)] = (winner.transport, time.monotonic())
+        return winner
     finally:
-        await _drop_losers(tasks)
+        await _drop_losers(tasks, winner)
 
 
-def _won(host: str, port: int, conn: Connection) -> Connection:
-    _winners[(host, port)] = (conn.transport, time.monotonic())
-    return conn
-
-
-async def _drop_losers(tasks: Sequence[asyncio.Future[Connection]]) -> None:
-    """Cancel the attempts still running; close a loser that completed anyway."""
+async def _drop_losers(
+    tasks: Sequence[asyncio.Future[Connection]], winner: Connection | None
+) -> None:
+    """Cancel the attempts still running; close any that completed but did not win."""
     for task in tasks:
         task.cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    winners = [r for r in results if isinstance(r, Connection)]
-    for conn in winners[1:]:
-        with contextlib.suppress(ConnectionLost):
-            await conn.close(0, "another transport won the race")
+    for conn in results:
+        if isinstance(conn, Connection) and conn is not winner:
+            with contextlib.suppress(ConnectionLost):
+                await conn.close(0, "another transport won the race")
 
 
 async def _quic(

@@ -146,7 +146,12 @@ async def connect(
     try:
         await asyncio.wait_for(conn.wait_ready(), config.handshake_timeout)
     except asyncio.CancelledError:
-        protocol._transport.close()  # the race in dial.py cancels the losing attempt
+        # The race in dial.py cancels the losing attempt: tell the server at once, so its
+        # half-open connection ends now rather than at its idle timeout.
+        with contextlib.suppress(Exception):
+            protocol._quic.close(error_code=0, reason_phrase="connection attempt abandoned")
+            protocol.transmit()
+        protocol._transport.close()
         raise
     except (TimeoutError, ConnectionLost) as exc:
         protocol._transport.close()

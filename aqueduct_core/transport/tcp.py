@@ -35,6 +35,9 @@ from aqueduct_core.engine import (
     SendDatagram,
     WriteStream,
 )
+from aqueduct_core.engine import (
+    Connection as Engine,
+)
 from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.config import TransportConfig
 from aqueduct_core.transport.mux import (
@@ -95,6 +98,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         send_budget: int,
         make_connection: Callable[[], Connection],
         pin: str | None = None,
+        on_open: Callable[[TcpProtocol], None] | None = None,
         on_closed: Callable[[TcpProtocol], None] | None = None,
     ) -> None:
         self.client = client
@@ -103,13 +107,15 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.pin = pin
         self.pin_error: PinMismatch | None = None
         self.peer: Any = None
+        self._on_open = on_open
         self._on_closed = on_closed
         self._loop = asyncio.get_running_loop()
-        self.conn = make_connection()
-        self.conn.transport = "tcp"
-        self.conn.attach_driver(self)
-        self.engine = self.conn.engine
-        self.mux = MuxConnection(client, settings.mux, now=self._loop.time())
+        self._make_connection = make_connection
+        # The Aqueduct connection exists from the end of the TLS handshake on: a peer whose
+        # handshake fails never gets one (asyncio drops this object, nothing else holds it).
+        self.conn: Connection = None  # type: ignore[assignment]
+        self.engine: Engine = None  # type: ignore[assignment]
+        self.mux: MuxConnection = None  # type: ignore[assignment]
         self._buffer = memoryview(bytearray(settings.read_buffer))
         self._transport: asyncio.Transport | None = None
         self._paused = False
@@ -121,6 +127,13 @@ class TcpProtocol(asyncio.BufferedProtocol):
     # -- asyncio ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn = self._make_connection()
+        self.conn.transport = "tcp"
+        self.conn.attach_driver(self)
+        self.engine = self.conn.engine
+        self.mux = MuxConnection(self.client, self.settings.mux, now=self._loop.time())
+        if self._on_open is not None:
+            self._on_open(self)
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         self._transport = transport
         self.peer = transport.get_extra_info("peername")
@@ -210,6 +223,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if self.conn is None:
+            return  # the TLS handshake never completed
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -403,9 +418,9 @@ async def listen_tcp(
             settings=config.tcp,
             send_budget=config.send_budget,
             make_connection=make_connection,
+            on_open=protocols.add,
             on_closed=protocols.discard,
         )
-        protocols.add(proto)
         return proto
 
     server = await loop.create_server(

@@ -488,6 +488,41 @@ def test_auto_prefers_quic_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> N
     run(main())
 
 
+def test_the_race_leaves_only_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no race delay both attempts run every time; whichever wins, the loser is
+    cancelled or closed: the server ends up with exactly one live connection per client."""
+    monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
+    config = TransportConfig(tcp=TcpSettings(race_delay=0.0))
+
+    async def live(server: Server) -> list[Connection]:
+        return [c for c in server.connections if not c.is_closed]
+
+    async def main() -> None:
+        server = await serve(echo)
+        try:
+            for _ in range(8):
+                dial.forget()
+                conn = await connect(
+                    "127.0.0.1", server.port, tls=server.client_tls(), config=config
+                )
+                assert await rpc(conn) == 2
+                for _ in range(100):
+                    if len(await live(server)) == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                assert [c.transport for c in await live(server)] == [conn.transport]
+                await conn.close()
+                for _ in range(100):
+                    if not await live(server):
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await server.close()
+            dial.forget()
+
+    run(main())
+
+
 def test_the_environment_replaces_auto_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AQUEDUCT_TRANSPORT", "tcp")
     assert dial.resolve_transport(None, TransportConfig()) == "tcp"

@@ -68,7 +68,8 @@ class ServiceConfig:
     """Scans one connection may have open; one more is refused with UNAVAILABLE and a
     ``retry_after`` detail (the Python client waits and retries)."""
     threads: int = DEFAULT_THREADS
-    """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections."""
+    """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections;
+    one connection runs at most a quarter of them (at least one) at once."""
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "max_scans", "threads"):

@@ -19,7 +19,6 @@ from delta_store_helpers import read, stage, write
 from aqueduct_spark.service.store import Conflict, Store
 from aqueduct_spark.testing import ServiceProcess
 
-
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])
 
 

@@ -37,7 +37,17 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _server(host: str, transport: str) -> None:
+def _config(transport: str, tuning: str) -> Any:
+    """The TransportConfig for ``tuning`` = "read_buffer,write_high_water,chunk_size"."""
+    from aqueduct_core import TransportConfig
+    from aqueduct_core.transport.mux import MuxSettings, TcpSettings
+
+    read, high, chunk = (int(x) for x in tuning.split(","))
+    tcp = TcpSettings(read_buffer=read, write_high_water=high, mux=MuxSettings(chunk_size=chunk))
+    return TransportConfig(transport=transport, tcp=tcp)  # type: ignore[arg-type]
+
+
+async def _server(host: str, transport: str, tuning: str) -> None:
     from aqueduct_core import RawCodec, serve
     from aqueduct_core.api import channel
 
@@ -50,7 +60,7 @@ async def _server(host: str, transport: str) -> None:
             tx.finish()
             print("CPU " + json.dumps(_cpu()), flush=True)
 
-    server = await serve(handler, host, 0, transport=transport)
+    server = await serve(handler, host, 0, transport=transport, config=_config(transport, tuning))
     print("READY " + json.dumps({"port": server.port, "fp": server.fingerprint}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.close()
@@ -58,12 +68,14 @@ async def _server(host: str, transport: str) -> None:
 
 
 async def _client(
-    host: str, port: int, fp: str, transport: str, size: int, total: int
+    host: str, port: int, fp: str, transport: str, size: int, total: int, tuning: str
 ) -> dict[str, float]:
     from aqueduct_core import ClientTLS, connect
     from aqueduct_core.api import channel
 
-    conn = await connect(host, port, tls=ClientTLS(fingerprint=fp), transport=transport)
+    conn = await connect(
+        host, port, tls=ClientTLS(fingerprint=fp), config=_config(transport, tuning)
+    )
     count = max(1, total // size)
     tx, rx = channel(codec="raw")
     cpu0, t0 = _cpu(), time.perf_counter()
@@ -86,10 +98,15 @@ def main() -> None:
     ap.add_argument("--total", type=int, default=1024, help="MiB in all")
     ap.add_argument("--netns", action="store_true")
     ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument(
+        "--tuning",
+        default="262144,1048576,262144",
+        help="read_buffer,write_high_water,chunk_size (bytes; the defaults)",
+    )
     args = ap.parse_args()
     if args.role == "server":
         with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
-            runner.run(_server(args.host, args.transport))
+            runner.run(_server(args.host, args.transport, args.tuning))
         return
     prefix: list[str] = []
     cprefix: list[str] = []
@@ -129,6 +146,8 @@ def main() -> None:
                 args.transport,
                 "--host",
                 host,
+                "--tuning",
+                args.tuning,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -144,7 +163,8 @@ def main() -> None:
                 "-c",
                 "import asyncio,json,sys; from benchmarks.bench_transport_tcp import _client, _loop_factory;"
                 f"r=asyncio.Runner(loop_factory=_loop_factory({args.loop!r})).run(_client({host!r},"
-                f"{ready['port']},{ready['fp']!r},{args.transport!r},{args.message * MiB},{args.total * MiB}));"
+                f"{ready['port']},{ready['fp']!r},{args.transport!r},{args.message * MiB},"
+                f"{args.total * MiB},{args.tuning!r}));"
                 "print(json.dumps(r))",
             ],
             stdout=subprocess.PIPE,
@@ -162,6 +182,7 @@ def main() -> None:
                     "loop": args.loop,
                     "transport": result["transport"],
                     "netns": args.netns,
+                    "tuning": args.tuning,
                     "MB/s": round(result["bytes"] / result["seconds"] / 1e6),
                     "client_cpu_s_per_GB": round(result["client_cpu"] / gb, 2),
                     "server_cpu_s_per_GB (incl. startup)": round(server_cpu / gb, 2),

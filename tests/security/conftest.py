@@ -342,16 +342,21 @@ def report(name: str, **figures: object) -> None:
 
 
 async def attacked(
-    target: Target, attack: Callable[[Attacker], Awaitable[None]], *, allowance: int = 0
+    target: Target,
+    attack: Callable[[Attacker], Awaitable[None]],
+    *,
+    allowance: int = 0,
+    packet_size: int = 1350,
 ) -> ConnectionTerminated | None:
     """Run ``attack`` against the service while a victim uses it. Asserts that the server
     stayed alive, kept its peak RSS within idle + 50 MB + ``allowance``, and answered every
     ``ls`` of the victim within its bound. Returns how the server closed the attacker, if it
-    did (None: the attacker was still connected)."""
+    did (None: the attacker was still connected). ``packet_size``: the attacker's QUIC
+    packets (a datagram must fit in one)."""
     async with victim_of(target) as victim:
         idle = target.memory.rss
         target.memory.reset_peak()
-        async with attacker_of(target) as attacker:
+        async with attacker_of(target, max_datagram_size=packet_size) as attacker:
             await attack(attacker)
             worst = await victim.ls_for(WATCH)
             # A close sent during a flood may be lost; QUIC repeats it when the peer next

@@ -13,6 +13,8 @@ The server runs with its address space capped at idle + 2 GiB, so a regression f
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from conftest import (
     BUDGET,
@@ -115,4 +117,26 @@ def test_data_before_the_connection_headers_is_capped(target: Target) -> None:
                 return
 
     closed = run(attacked(target, no_headers_ever, allowance=allowance))
+    assert_cut_off(closed)
+
+
+def test_datagrams_before_the_connection_headers_count_against_the_cap(target: Target) -> None:
+    """The same cap for datagrams: each is held (its frames parsed) until the headers."""
+    allowance = EngineConfig().max_early_bytes
+    payload = b"\x5a" * 8000
+
+    async def datagrams_without_headers(attacker: Attacker) -> None:
+        idle = target.memory.rss
+        num = 0
+        while attacker.sent < 4 * allowance and not attacker.gone:
+            for _ in range(64):
+                attacker.datagram(
+                    encode_frames(Version(), RouteTo(0), Message(num, payload=payload))
+                )
+                num += 1
+            await asyncio.sleep(0.001)  # let the connection send and take its events
+            if target.memory.rss - idle > MEMORY_SLACK + allowance:
+                return
+
+    closed = run(attacked(target, datagrams_without_headers, allowance=allowance, packet_size=9000))
     assert_cut_off(closed)

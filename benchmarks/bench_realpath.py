@@ -237,6 +237,7 @@ def aqueduct_variant(backend: str) -> Variant:
         from aqueduct_core.transport import ClientTLS, TransportConfig
         from aqueduct_spark.client import Client
 
+        os.environ["AQUEDUCT_TRANSPORT"] = "quic"  # where TCP exists too: measure QUIC here
         transport = TransportConfig(backend=info["backend"], packet_size=info["packet_size"])
         client = Client(
             info["url"], tls=ClientTLS(fingerprint=info["fingerprint"]), transport=transport
@@ -249,10 +250,28 @@ def aqueduct_variant(backend: str) -> Variant:
     return Variant(f"aqueduct-{backend}", serve, read)
 
 
+def aqueduct_tcp_variant() -> Variant:
+    """Aqueduct over TLS/TCP (issue 15): the same service, the client on transport=tcp."""
+
+    def read(info: dict[str, Any]) -> Iterator[Any]:
+        from aqueduct_core.transport import ClientTLS, TransportConfig
+        from aqueduct_spark.client import Client
+
+        tls = ClientTLS(fingerprint=info["fingerprint"])
+        client = Client(info["url"], tls=tls, transport=TransportConfig(transport="tcp"))
+        try:
+            yield from client.read_batches(DATASET)
+        finally:
+            client.close()
+
+    return Variant("aqueduct-tcp", aqueduct_variant("qh3").serve, read)
+
+
 VARIANTS: dict[str, Variant] = {
     "flight": Variant("flight", serve_flight, read_flight, baseline=True),
     "aqueduct-qh3": aqueduct_variant("qh3"),
     "aqueduct-aioquic": aqueduct_variant("aioquic"),
+    "aqueduct-tcp": aqueduct_tcp_variant(),
 }
 """Every client variant; ``flight`` is the baseline every ratio is taken against."""
 

@@ -68,6 +68,9 @@ class TransportConfig:
     pacing: bool | None = None
     """aioquic only: False turns its pacer off (much faster on loopback, risky on real
     paths). None: off for loopback addresses, on otherwise. qh3 always paces."""
+    udp_offload: bool = True
+    """Send runs of packets with one system call (UDP_SEGMENT) and receive them likewise
+    (UDP_GRO) where the kernel allows; False sends and reads one packet per call."""
     zero_rtt: bool | None = None
     """0-RTT (profile §2.11). A client resumes a server it connected to before in this
     process and sends its connection headers in 0-RTT, so it is ready one round trip

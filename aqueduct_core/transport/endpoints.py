@@ -40,6 +40,7 @@ from aqueduct_core.transport.tls import (
     normalize_fingerprint,
     warn_insecure,
 )
+from aqueduct_core.transport.udp import create_endpoint
 from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
@@ -127,11 +128,14 @@ async def connect(
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)
 
     try:
-        _, protocol = await loop.create_datagram_endpoint(
+        _, protocol = await create_endpoint(
+            loop,
             lambda: proto_cls(
                 quic, config=config, make_connection=make, pin=pin, pacing=pacing_for(config, host)
             ),
             sock=sock,
+            gso=config.udp_offload,
+            gro=config.udp_offload,
         )
     except BaseException:
         sock.close()
@@ -312,11 +316,14 @@ async def serve(
         )
 
     try:
-        _, server._quic_server = await loop.create_datagram_endpoint(
+        _, server._quic_server = await create_endpoint(
+            loop,
             lambda: backend.QuicServer(
                 configuration=qc, create_protocol=create_protocol, **tickets
             ),
             sock=sock,
+            gso=config.udp_offload,
+            gro=config.udp_offload,
         )
     except BaseException:
         sock.close()

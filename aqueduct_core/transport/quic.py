@@ -40,7 +40,20 @@ from aqueduct_core.engine import (
 )
 from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.backends import Backend, apply_aioquic
-from aqueduct_core.transport.config import TransportConfig, zero_rtt_enabled
+from aqueduct_core.transport.config import (
+    AIOQUIC_MAX_PACKET,
+    QH3_MAX_PACKET,
+    TransportConfig,
+    is_loopback,
+    zero_rtt_enabled,
+)
+from aqueduct_core.transport.pmtu import (
+    BlackHoleDetector,
+    packet_size_for_route,
+    peer_ip,
+    set_aioquic_packet_size,
+    size_qh3_configuration,
+)
 
 log = logging.getLogger("aqueduct.transport")
 
@@ -124,6 +137,8 @@ def _build(backend: Backend) -> type:
                 # TLS accepted; the engine takes it at once, the application holds what is
                 # not safe to replay until Connection.wait_confirmed().
                 self.engine.early_data(self._loop.time())
+            self._sized = False
+            self._black_hole: BlackHoleDetector | None = None
 
         # -- engine commands (the Driver protocol) --------------------------------------
 
@@ -285,6 +300,10 @@ def _build(backend: Backend) -> type:
             if self._pending:
                 for sid in list(self._pending):
                     held += self._feed(sid)
+            # UdpTransport (udp.py): the packets of one transmit leave in GSO runs.
+            cork = getattr(self._transport, "cork", None)
+            if cork is not None:
+                cork()
             try:
                 super().transmit()
             except backend.QuicConnectionError as exc:
@@ -298,6 +317,9 @@ def _build(backend: Backend) -> type:
                 if self._timer is None and timer_at is not None:
                     self._timer = self._loop.call_at(timer_at, self._handle_timer)
                 self._timer_at = timer_at
+            finally:
+                if cork is not None:
+                    self._transport.uncork()
             self._report_backlog(held)
 
         def _report_backlog(self, held: int = 0) -> None:
@@ -331,6 +353,54 @@ def _build(backend: Backend) -> type:
                     fed.difference_update(drained)
             if engine.set_transport_backlog(self._pending_bytes + library, self.config.send_budget):
                 self.conn._flush()
+
+        # -- packet size from the path (pmtu.py) -----------------------------------------
+
+        def connect(self, addr: Any, *args: Any, **kwargs: Any) -> None:
+            self._size_for_path(addr)
+            super().connect(addr, *args, **kwargs)
+
+        def datagram_received(self, data: Any, addr: Any) -> None:
+            if not self._sized:
+                self._size_for_path(addr)  # a server's first packet from this client
+            super().datagram_received(data, addr)
+
+        def _size_for_path(self, addr: Any) -> None:
+            self._sized = True
+            ip = peer_ip(addr)
+            if self.config.packet_size is not None or ip is None or is_loopback(ip):
+                return  # the operator's size, or loopback's largest, stands
+            limit = AIOQUIC_MAX_PACKET if is_aioquic else QH3_MAX_PACKET
+            size = packet_size_for_route(ip, limit)
+            if size is None:
+                return
+            if is_aioquic:
+                set_aioquic_packet_size(self._quic, size)
+                self._black_hole = BlackHoleDetector(ip, size, limit)
+            elif self._quic._core is None:
+                self._quic._configuration = size_qh3_configuration(self._quic._configuration, size)
+
+        def _handle_timer(self) -> None:
+            super()._handle_timer()
+            if self._black_hole is not None:
+                smaller = self._black_hole.check(self._quic._loss._pto_count)
+                if smaller is not None:
+                    log.info("packets of this size are lost on this path: now %d bytes", smaller)
+                    set_aioquic_packet_size(self._quic, smaller)
+
+        def datagrams_received(self, datagrams: list[bytes], addr: Any) -> None:
+            """A burst read by UdpTransport: processed, then one transmit (qh3's own
+            method does the same with one call into its core)."""
+            if not is_aioquic:
+                super().datagrams_received(datagrams, addr)
+                return
+            if not self._sized:
+                self._size_for_path(addr)
+            quic, now = self._quic, self._loop.time()
+            for data in datagrams:
+                quic.receive_datagram(data, addr, now=now)
+            self._process_events()
+            self.transmit()
 
         def _process_events(self) -> None:
             """Every batch of QUIC events (a datagram, a timer) reaches the engine with one

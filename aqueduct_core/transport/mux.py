@@ -128,7 +128,8 @@ class MuxSettings:
     chunk_size: int = 256 * 1024
     """Largest STREAM payload we send in one frame (streams take turns per chunk)."""
     idle_timeout: float = 30.0
-    """Close after this long without a byte from the peer or an answer to our PING."""
+    """Close after this long without a byte from the peer or an answer to our PING (the
+    transport uses the smaller of this and ``TransportConfig.idle_timeout``)."""
     ping_interval: float = 10.0
     """Send a PING this often (at most a third of the idle timeout)."""
 

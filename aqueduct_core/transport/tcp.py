@@ -25,6 +25,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, cast
 
 from aqueduct_core.api.connection import Connection
@@ -98,12 +99,16 @@ class TcpProtocol(asyncio.BufferedProtocol):
         send_budget: int,
         make_connection: Callable[[], Connection],
         pin: str | None = None,
+        idle_timeout: float | None = None,
         on_open: Callable[[TcpProtocol], None] | None = None,
         on_closed: Callable[[TcpProtocol], None] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.send_budget = send_budget
+        self.mux_settings = settings.mux
+        if idle_timeout is not None and idle_timeout < settings.mux.idle_timeout:
+            self.mux_settings = replace(settings.mux, idle_timeout=idle_timeout)
         self.pin = pin
         self.pin_error: PinMismatch | None = None
         self.peer: Any = None
@@ -131,7 +136,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.conn.transport = "tcp"
         self.conn.attach_driver(self)
         self.engine = self.conn.engine
-        self.mux = MuxConnection(self.client, self.settings.mux, now=self._loop.time())
+        self.mux = MuxConnection(self.client, self.mux_settings, now=self._loop.time())
         if self._on_open is not None:
             self._on_open(self)
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
@@ -361,6 +366,7 @@ async def connect_tcp(
             send_budget=config.send_budget,
             make_connection=make_connection,
             pin=pin_of(tls),
+            idle_timeout=config.idle_timeout,
         )
         return protocol
 
@@ -393,8 +399,9 @@ class TcpListener:
     def close(self) -> None:
         self.server.close()
         for proto in list(self.protocols):
-            if proto._transport is not None:
-                proto._transport.abort()
+            transport = proto._transport
+            if transport is not None and not transport.is_closing():
+                transport.abort()  # those already closing are sending their CLOSE
 
 
 async def listen_tcp(
@@ -418,6 +425,7 @@ async def listen_tcp(
             settings=config.tcp,
             send_budget=config.send_budget,
             make_connection=make_connection,
+            idle_timeout=config.idle_timeout,
             on_open=protocols.add,
             on_closed=protocols.discard,
         )

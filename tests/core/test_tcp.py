@@ -350,6 +350,37 @@ def test_a_peer_that_sends_but_never_reads_is_closed_by_the_heartbeat(
     run(main())
 
 
+def test_the_idle_timeout_of_the_transport_config_applies_over_tcp() -> None:
+    """``TransportConfig.idle_timeout`` (the Spark option idleTimeout) bounds the TCP
+    connection too: a client that hears nothing for 1 s ends it with code 6."""
+
+    async def main() -> None:
+        async with tcp_server() as server:
+            config = TCP.with_(idle_timeout=1.0)
+            conn = await connect("127.0.0.1", server.port, tls=server.client_tls(), config=config)
+            conn._driver._transport.pause_reading()  # type: ignore[union-attr]
+            t0 = time.monotonic()
+            await asyncio.wait_for(conn.wait_closed(), 10)
+            assert time.monotonic() - t0 < 5
+            with pytest.raises(ConnectionLost, match="code 6"):
+                await conn.entrypoint.send({"n": 1})
+
+    run(main())
+
+
+def test_server_close_reaches_tcp_clients_with_code_0() -> None:
+    async def main() -> None:
+        server = await serve(echo, transport="tcp")
+        conn = await connect("127.0.0.1", server.port, tls=server.client_tls(), transport="tcp")
+        assert await rpc(conn) == 2
+        await server.close()
+        await asyncio.wait_for(conn.wait_closed(), 10)
+        with pytest.raises(ConnectionLost, match=r"server shutting down \(close code 0\)"):
+            await conn.entrypoint.send({"n": 1})
+
+    run(main())
+
+
 # -- unreliable channels ------------------------------------------------------------------
 
 

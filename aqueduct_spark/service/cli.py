@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
+from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ClientTLS, ServerTLS, TransportConfig
 from aqueduct_core.transport.tls import file_fingerprint, format_fingerprint, make_dev_certificates
@@ -156,6 +157,37 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="scans one connection may have open; more are refused, to be retried "
         "(default %(default)s)",
+    )
+    engine = EngineConfig()
+    s.add_argument(
+        "--max-message-gap",
+        type=_positive,
+        default=engine.max_message_gap,
+        metavar="N",
+        help="how far a peer's message number may run ahead of what was decided; beyond it "
+        "the connection is closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-early-bytes",
+        type=_positive,
+        default=engine.max_early_bytes,
+        metavar="BYTES",
+        help="bytes a client may send before its connection headers (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-pending-bytes",
+        type=_positive,
+        default=engine.max_pending_bytes,
+        metavar="BYTES",
+        help="bytes one connection may hold in channels not attached yet and in unfinished "
+        "messages no window covers (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-pending-channels",
+        type=_positive,
+        default=engine.max_pending_channels,
+        metavar="N",
+        help="channels a client may create that are not attached yet (default %(default)s)",
     )
 
     c = sub.add_parser("cert", help="create a development CA and server certificate")
@@ -366,6 +398,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "transport": args.transport,
         "max_requests": args.max_requests,
         "max_scans": args.max_scans,
+        "engine": {
+            "max_message_gap": args.max_message_gap,
+            "max_early_bytes": args.max_early_bytes,
+            "max_pending_bytes": args.max_pending_bytes,
+            "max_pending_channels": args.max_pending_channels,
+        },
         "reuse_port": args.workers > 1,
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
@@ -466,7 +504,10 @@ async def _serve_forever(
         max_scans=spec["max_scans"],
     )
     transport = TransportConfig(
-        backend=spec["backend"], packet_size=spec["packet_size"], transport=spec["transport"]
+        backend=spec["backend"],
+        packet_size=spec["packet_size"],
+        transport=spec["transport"],
+        engine=EngineConfig(**spec["engine"]),
     )
     _, server = await start(
         config,

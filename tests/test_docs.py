@@ -291,6 +291,7 @@ ERROR_MODULES = (
 NON_CLASS_SECTIONS = {
     "UNSUPPORTED_DATA_SOURCE_SAVE_MODE": "spark",
     "DATA_SOURCE_PUSHDOWN_DISABLED": "spark",
+    "DATA_SOURCE_NOT_FOUND": "spark",
     "Filters not pushed to the service": "",
     "ModuleNotFoundError on Spark workers": "",
     "Java is missing": "",

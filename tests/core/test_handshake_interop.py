@@ -173,6 +173,7 @@ def test_100_connects_per_backend_pair_none_fails_p99_under_200_ms(
         )
         config = TransportConfig(
             backend=client,  # type: ignore[arg-type]
+            transport="quic",  # never TCP, which would win a race against a slow handshake
             handshake_timeout=5.0,
             zero_rtt=False,
         )

@@ -115,6 +115,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "aqueduct",
                     {"url": info["url"], "fingerprint": info["fingerprint"], "backend": backend},
                 )
+            # Aqueduct over TLS/TCP (issue 15): the qh3 service also listens on TCP.
+            paths["aqueduct-tcp"] = (
+                "aqueduct",
+                {**paths["aqueduct-qh3"][1], "transport": "tcp"},
+            )
             for label, (fmt, options) in paths.items():
                 name = "t_" + "".join(c if c.isalnum() else "_" for c in label)
 

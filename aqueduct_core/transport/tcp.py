@@ -208,9 +208,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
                 engine.stream_reset(ev.stream_id, now)  # type: ignore[union-attr]
             elif kind is PeerReady:
                 peer = ev.settings  # type: ignore[union-attr]
-                engine.handshake_done(
-                    now, datagrams=peer.max_datagram > 0, max_datagram=peer.max_datagram
-                )
+                # A peer that takes no datagrams (MAX_DATAGRAM 0) is fine over TCP: every
+                # unreliable message then goes on a stream, as one too large would.
+                engine.handshake_done(now, datagrams=True, max_datagram=peer.max_datagram)
                 self._arm_timer()  # the peer's idle timeout may be shorter than ours
             elif kind is ConnectionClosed:
                 engine.connection_lost(now, ev.code, ev.reason)  # type: ignore[union-attr]

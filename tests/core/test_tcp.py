@@ -397,6 +397,26 @@ def test_unreliable_channels_keep_their_meaning_when_the_sender_drops_datagrams(
                 async for v in req["relay"]:
                     await back.send(v)
 
+    async def no_datagrams() -> list[int]:
+        """A server that takes no datagrams (MAX_DATAGRAM 0): unreliable messages go on
+        streams, so all arrive."""
+        server_cfg = TCP.with_(tcp=TcpSettings(mux=MuxSettings(max_datagram=0)))
+        server = await serve(relay, transport="tcp", config=server_cfg)
+        try:
+            conn = await connect("127.0.0.1", server.port, tls=server.client_tls(), config=TCP)
+            up_tx, up_rx = channel()
+            back_tx, back_rx = channel()
+            up_tx.unreliable(maxsize=None)
+            await conn.entrypoint.send({"relay": up_rx, "back": back_tx})
+            for i in range(50):
+                up_tx.send_nowait(i)
+            up_tx.finish()
+            got = [v async for v in back_rx]
+            await conn.close()
+            return got
+        finally:
+            await server.close()
+
     async def scenario(queue: int) -> list[int]:
         config = TCP.with_(tcp=TcpSettings(mux=MuxSettings(datagram_queue=queue)))
         server = await serve(relay, transport="tcp")
@@ -417,6 +437,7 @@ def test_unreliable_channels_keep_their_meaning_when_the_sender_drops_datagrams(
 
     kept = run(scenario(256 * 1024))
     dropped = run(scenario(0))
+    assert run(no_datagrams()) == list(range(50))
     assert kept == list(range(200))
     assert len(dropped) < 200
     assert dropped == sorted(dropped) and set(dropped) <= set(range(200))

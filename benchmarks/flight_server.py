@@ -9,7 +9,8 @@ and commit), so the comparison is Flight/gRPC+TLS against Aqueduct/QUIC and noth
 - ``do_put(cmd={dataset, txn, task})``: stages the uploaded batches, answers the staged files;
 - ``do_action("commit", {dataset, mode, staged})``: commits them in one Delta commit.
 
-Run: ``python -m benchmarks.flight_server ROOT CERT KEY`` (prints ``FLIGHT_READY <port>``).
+Run: ``python -m benchmarks.flight_server ROOT CERT KEY [HOST]`` (prints
+``FLIGHT_READY <port>``; HOST defaults to 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ class DeltaFlightServer(fl.FlightServerBase):
 
 def main() -> None:
     root, cert, key = sys.argv[1:4]
+    host = sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1"
     with open(cert, "rb") as c, open(key, "rb") as k:
-        server = DeltaFlightServer(root, "grpc+tls://127.0.0.1:0", c.read(), k.read())
+        server = DeltaFlightServer(root, f"grpc+tls://{host}:0", c.read(), k.read())
     print(f"FLIGHT_READY {server.port}", flush=True)
     server.serve()
 

@@ -15,6 +15,7 @@ QUIC attacker that writes crafted Aqueduct frames.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import resource
 import ssl
@@ -35,11 +36,13 @@ from qh3.quic.connection import QuicConnectionError
 from qh3.quic.events import ConnectionTerminated, StreamDataReceived
 
 from aqueduct_core.api.codec import CODEC_HEADER
+from aqueduct_core.engine.config import DEFAULT_WINDOW
 from aqueduct_core.engine.flow import FLOW_HEADER, encode_window
 from aqueduct_core.errors import AqueductError, CloseCode
 from aqueduct_core.transport import ClientTLS
 from aqueduct_core.wire import (
     ConnectionHeaders,
+    Dequeued,
     RouteTo,
     StreamParser,
     Version,
@@ -205,6 +208,9 @@ class _Recorder(QuicConnectionProtocol):  # type: ignore[misc]
         self.terminated: ConnectionTerminated | None = None
         self.ended = asyncio.Event()
         self.server_headers = asyncio.Event()
+        self.dequeued = 0
+        """Bytes the server reported dequeued (DEQUEUED frames, flow control credit)."""
+        self.credit = asyncio.Event()
         self._parsers: dict[int, StreamParser] = {}
 
     def quic_event_received(self, event: Any) -> None:
@@ -214,8 +220,12 @@ class _Recorder(QuicConnectionProtocol):  # type: ignore[misc]
             self.ended.set()
         elif isinstance(event, StreamDataReceived) and event.data:
             parser = self._parsers.setdefault(event.stream_id, StreamParser(_GENEROUS, True))
-            if any(isinstance(f, ConnectionHeaders) for f in parser.feed(event.data)):
-                self.server_headers.set()
+            for frame in parser.feed(event.data):
+                if isinstance(frame, ConnectionHeaders):
+                    self.server_headers.set()
+                elif isinstance(frame, Dequeued):
+                    self.dequeued += frame.num_bytes
+                    self.credit.set()
 
 
 class Attacker:
@@ -228,6 +238,8 @@ class Attacker:
         """Stream and datagram bytes handed to QUIC so far."""
         self._next_stream = 2  # client-initiated unidirectional
         self._refused = False
+        self.charged = 0
+        """Flow-control cost of the messages sent, as the test counts it."""
 
     @property
     def closed(self) -> ConnectionTerminated | None:
@@ -264,16 +276,39 @@ class Attacker:
         self.proto.transmit()
         return True
 
-    def hello(self, flow_window: int | None = None) -> int:
-        """VERSION + CONNECTION_HEADERS as the service's clients send them, without a
-        token; with ``flow_window``, the peer takes part in flow control (profile §3.4)."""
+    def hello(self, flow_window: int | None = DEFAULT_WINDOW) -> int:
+        """VERSION + CONNECTION_HEADERS as the service's clients send them (taking part in
+        flow control with ``flow_window``, profile §3.4), without a token. ``None``: no
+        flow-control header (a server requiring flow control refuses that)."""
         headers = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode()), (CODEC_HEADER, b"cbor")]
         if flow_window is not None:
             headers.append((FLOW_HEADER, encode_window(flow_window)))
         return self.stream(encode_frames(Version(), ConnectionHeaders(tuple(headers))), end=True)
 
     async def wait_server_headers(self, timeout: float = 10) -> None:
-        await asyncio.wait_for(self.proto.server_headers.wait(), timeout)
+        """Wait for the server's CONNECTION_HEADERS, or for it to close the connection."""
+        ended = asyncio.ensure_future(self.proto.ended.wait())
+        headers = asyncio.ensure_future(self.proto.server_headers.wait())
+        try:
+            await asyncio.wait([ended, headers], timeout=timeout, return_when="FIRST_COMPLETED")
+        finally:
+            ended.cancel()
+            headers.cancel()
+        assert self.proto.server_headers.is_set() or self.gone, "the server never answered"
+
+    async def wait_credit(self, outstanding: int, timeout: float = 10) -> bool:
+        """Wait until the server has reported all but ``outstanding`` of the bytes
+        :meth:`charge` counted as dequeued (flow control, profile §3.4). False if it did not
+        within ``timeout`` or the connection closed."""
+        deadline = time.monotonic() + timeout
+        while not self.gone and self.charged - self.proto.dequeued > outstanding:
+            self.proto.credit.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.proto.credit.wait(), min(left, 0.05))
+        return not self.gone
 
     async def wait_closed(self, timeout: float) -> ConnectionTerminated | None:
         """Wait up to ``timeout`` s for the server to close us; how it did, or None."""

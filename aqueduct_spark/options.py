@@ -271,6 +271,22 @@ def parse_timestamp(name: str, value: str) -> dt.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
+def parse_file(name: str, value: str) -> str:
+    """A file the driver reads: an absolute path (Spark's Python workers do not run in the
+    application's directory) to a file that exists, checked before anything connects."""
+    path = value.strip()
+    if not os.path.isabs(path):
+        raise OptionError(
+            f"option {name!r} must be an absolute path (Spark's Python workers run in another "
+            f"directory), got {value!r}"
+        )
+    if not os.path.exists(path):
+        raise OptionError(f"option {name!r}: {path!r} does not exist (on the driver host)")
+    if not os.path.isfile(path):
+        raise OptionError(f"option {name!r}: {path!r} is not a file")
+    return path
+
+
 @dataclass(frozen=True)
 class Options:
     """Parsed options. Picklable, so Spark ships it to executors."""
@@ -423,7 +439,7 @@ def parse(raw: Mapping[str, str]) -> Options:
         url=url,
         dataset=dataset,
         token=get("token") or os.environ.get("AQUEDUCT_TOKEN"),
-        cafile=get("cafile"),
+        cafile=None if not get("cafile") else parse_file("cafile", get("cafile") or ""),
         fingerprint=get("fingerprint"),
         insecure="insecure" in trust,
         backend=backend,

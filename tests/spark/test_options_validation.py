@@ -1,0 +1,53 @@
+"""Options are checked on the driver, once, with one error naming the option (issue 17,
+item 5: a missing or relative cafile used to cost minutes of retries and end with "no
+Aqueduct server answered")."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aqueduct_spark.options import OptionError, parse
+from aqueduct_spark.testing import ServiceProcess
+
+URL = "quic://127.0.0.1:4433"
+
+
+def test_a_missing_cafile_is_an_option_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "ca.pem"
+    with pytest.raises(OptionError, match=r"option 'cafile'.*does not exist") as e:
+        parse({"url": URL, "path": "d", "cafile": str(missing)})
+    assert str(missing) in str(e.value)
+
+
+def test_a_relative_cafile_is_an_option_error(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not checked here")
+    with pytest.raises(OptionError, match=r"option 'cafile' must be an absolute path"):
+        parse({"url": URL, "path": "d", "cafile": "ca.pem"})
+
+
+def test_a_directory_is_not_a_cafile(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match=r"option 'cafile'.*not a file"):
+        parse({"url": URL, "path": "d", "cafile": str(tmp_path)})
+
+
+def test_an_existing_absolute_cafile_is_taken(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert parse({"url": URL, "path": "d", "cafile": str(ca)}).cafile == str(ca)
+
+
+@pytest.mark.spark
+def test_spark_fails_at_load_naming_the_option(
+    spark: Any, service: ServiceProcess, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(Exception, match=r"option 'cafile'") as e:
+        spark.read.format("aqueduct").option("url", service.url).option(
+            "cafile", str(tmp_path / "missing.pem")
+        ).load("anything")
+    assert "no Aqueduct server answered" not in str(e.value)
+    assert time.monotonic() - started < 30  # no connection attempts, let alone retries

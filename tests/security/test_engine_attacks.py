@@ -36,6 +36,8 @@ pytestmark = [pytest.mark.quic, pytest.mark.timeout(120)]
 
 HUGE = 1 << 40
 """A message number far beyond anything sent: the receiver's cursor is 0."""
+
+
 # -- (a) one MESSAGE numbered 2**40 ------------------------------------------------------
 
 

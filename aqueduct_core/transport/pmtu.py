@@ -16,11 +16,12 @@ override, when set, is used as is):
 3. **Probe upward, fall back on loss.** RFC 8899's search needs probe packets of a chosen
    size that the peer acknowledges. qh3's core does this for a client (from its starting
    size up to 1472, and it lowers the size when probes are lost); aioquic has no probe
-   packets. For both, :class:`BlackHoleDetector` implements the RFC's black-hole rule on the
-   adapter side: when the library reports repeated probe timeouts (PTO) at a size above the
-   base, the route is asked again (an ICMP "packet too big" lowers the route's MTU) and,
-   failing that, the size drops to the base (1200, every QUIC path carries it) on aioquic,
-   whose packet size can change mid-connection.
+   packets. :class:`BlackHoleDetector` implements the RFC's black-hole rule on the adapter
+   side for aioquic, whose packet size can change mid-connection: when the library reports
+   repeated probe timeouts (PTO) at a size above the base, the route is asked again (an ICMP
+   "packet too big" lowers the route's MTU) and, failing that, the size drops to the base
+   (1200, every QUIC path carries it); the larger size is tried again once the connection
+   has recovered, twice at most.
 
 Loopback keeps the backend's largest packet (no Ethernet in the way).
 """
@@ -40,9 +41,17 @@ IPV4_OVERHEAD = 28
 """IPv4 header (20) and UDP header (8)."""
 IPV6_OVERHEAD = 48
 """IPv6 header (40) and UDP header (8)."""
-PTO_LIMIT = 3
+PTO_LIMIT = 5
 """Consecutive probe timeouts at a size above the base before the path is re-checked
-(RFC 8899 §4.3: a black hole shows as persistent loss of every packet of a size)."""
+(RFC 8899 §4.3: a black hole shows as persistent loss of every packet of a size). Five,
+about a second of silence on a LAN: a peer descheduled on a busy host goes quiet for
+hundreds of milliseconds, and three timeouts mistook that for a black hole."""
+STRIKES = 2
+"""Times the larger size is tried again after the connection recovered at the base size;
+then the base size stays (the black hole is confirmed)."""
+RETRY_AFTER = 1.0
+"""Seconds at the base size, with acknowledgements flowing, before the larger size is
+tried again (RFC 8899's search restarting after a black hole)."""
 
 
 def route_mtu(ip: str) -> int | None:
@@ -107,20 +116,40 @@ def size_qh3_configuration(configuration: Any, size: int) -> Any:
 
 class BlackHoleDetector:
     """RFC 8899 §4.3 black-hole detection for one connection (see the module docstring).
-    ``check(pto_count)`` after each timer; returns the new packet size, or None to keep."""
+    ``check(pto_count, now)`` after each timer; returns the new packet size, or None.
+
+    A suspected black hole drops the size to the base (or to the route's MTU, if an ICMP
+    message lowered it). Once acknowledgements flow again for :data:`RETRY_AFTER` seconds,
+    the larger size is tried again, :data:`STRIKES` times at most: a stalled peer costs a
+    moment at small packets, a real black hole ends at the base size."""
 
     def __init__(self, peer_ip: str, size: int, limit: int) -> None:
         self.peer_ip = peer_ip
-        self.size = size
+        self.size = self.found = size
         self.limit = limit
+        self.strikes = 0
+        self.since: float | None = None
 
-    def check(self, pto_count: int) -> int | None:
-        if pto_count < PTO_LIMIT or self.size <= BASE_PACKET:
+    def check(self, pto_count: int, now: float) -> int | None:
+        if self.size > BASE_PACKET:
+            if pto_count < PTO_LIMIT:
+                return None
+            routed = packet_size_for_route(self.peer_ip, self.limit)
+            if routed is not None and routed < self.size:
+                self.size = self.found = routed  # the route learned a smaller MTU
+                return routed
+            self.strikes += 1
+            self.size, self.since = BASE_PACKET, None
+            return BASE_PACKET
+        if self.found <= BASE_PACKET or self.strikes >= STRIKES or pto_count:
+            self.since = None
             return None
-        routed = packet_size_for_route(self.peer_ip, self.limit)
-        new = routed if routed is not None and routed < self.size else BASE_PACKET
-        self.size = new
-        return new
+        if self.since is None:
+            self.since = now
+        elif now - self.since >= RETRY_AFTER:
+            self.size = self.found
+            return self.found
+        return None
 
 
 def peer_ip(addr: Any) -> str | None:

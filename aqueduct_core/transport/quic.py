@@ -383,10 +383,10 @@ def _build(backend: Backend) -> type:
         def _handle_timer(self) -> None:
             super()._handle_timer()
             if self._black_hole is not None:
-                smaller = self._black_hole.check(self._quic._loss._pto_count)
-                if smaller is not None:
-                    log.info("packets of this size are lost on this path: now %d bytes", smaller)
-                    set_aioquic_packet_size(self._quic, smaller)
+                size = self._black_hole.check(self._quic._loss._pto_count, self._loop.time())
+                if size is not None:
+                    log.info("packet size on this path: now %d bytes (black-hole check)", size)
+                    set_aioquic_packet_size(self._quic, size)
 
         def datagrams_received(self, datagrams: list[bytes], addr: Any) -> None:
             """A burst read by UdpTransport: processed, then one transmit (qh3's own

@@ -397,7 +397,10 @@ async def create_endpoint(
     gso: bool = True,
     gro: bool = True,
 ) -> tuple[UdpTransport, Any]:
-    """Like ``loop.create_datagram_endpoint(factory, sock=sock)``, with :class:`UdpTransport`."""
+    """Like ``loop.create_datagram_endpoint(factory, sock=sock)``, with :class:`UdpTransport`
+    (asyncio's own transport on Windows, whose proactor loop cannot watch a socket)."""
+    if sys.platform == "win32":
+        return await loop.create_datagram_endpoint(protocol_factory, sock=sock)  # type: ignore[return-value]
     protocol = protocol_factory()
     transport = UdpTransport(loop, sock, protocol, gso=gso, gro=gro)
     protocol.connection_made(transport)

@@ -18,13 +18,15 @@ from typing import Any
 import pytest
 from netns import Link, require_root, spawn_in, stop, veth_link
 
+from aqueduct_core.transport import pmtu
+
 HERE = Path(__file__).resolve().parent
 HELPER = str(HERE / "netns.py")
 BACKENDS = ["aioquic", "qh3"]
 SIZE = 24 << 20
 
 _why_not = require_root("the real-path tests")
-pytestmark = pytest.mark.skipif(_why_not is not None, reason=_why_not or "")
+needs_root = pytest.mark.skipif(_why_not is not None, reason=_why_not or "")
 
 
 @pytest.fixture
@@ -47,6 +49,7 @@ def transfer(link: Link, backend: str) -> dict[str, Any]:
         stop(server)
 
 
+@needs_root
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_data_intact_with_gso_and_gro_at_mtu_1500(link: Link, backend: str) -> None:
     result = transfer(link, backend)
@@ -59,6 +62,7 @@ def test_data_intact_with_gso_and_gro_at_mtu_1500(link: Link, backend: str) -> N
     assert client["largest_received"] <= 1472
 
 
+@needs_root
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mtu", [1500, 9000])
 def test_packet_size_settles_from_the_path(link: Link, backend: str, mtu: int) -> None:
@@ -71,3 +75,20 @@ def test_packet_size_settles_from_the_path(link: Link, backend: str, mtu: int) -
         assert largest <= 1472 and max(chosen) <= 1472, (largest, chosen)
     else:
         assert largest >= 8000 and min(chosen) >= 8000, (largest, chosen)
+
+
+def test_a_stalled_peer_costs_a_moment_at_small_packets_a_black_hole_ends_at_the_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RFC 8899 §4.3 on aioquic: repeated probe timeouts drop the size to 1200; once
+    acknowledgements flow again the found size is tried again, twice at most."""
+    monkeypatch.setattr(pmtu, "packet_size_for_route", lambda ip, limit: 8972)
+    det = pmtu.BlackHoleDetector("198.18.0.2", 8972, 16384)
+    assert det.check(pmtu.PTO_LIMIT - 1, 0.0) is None
+    assert det.check(pmtu.PTO_LIMIT, 0.1) == pmtu.BASE_PACKET  # strike 1
+    assert det.check(0, 0.2) is None
+    assert det.check(0, 0.2 + pmtu.RETRY_AFTER) == 8972  # recovered: try the found size
+    assert det.check(pmtu.PTO_LIMIT, 2.0) == pmtu.BASE_PACKET  # strike 2
+    assert det.check(0, 2.1) is None
+    assert det.check(0, 9.0) is None  # confirmed: stays at the base
+    assert det.size == pmtu.BASE_PACKET

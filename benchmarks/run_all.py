@@ -156,6 +156,12 @@ def section_realpath(data: dict[str, Any]) -> list[str]:
                 f"{r['MBps']:.0f} | {r['vs_flight']:.2f}x | {r['client_cpu_per_GB']:.1f} | "
                 f"{r['server_cpu_per_GB']:.1f} |"
             )
+    lines += [
+        "",
+        "Packet sizes come from the path (1472 at MTU 1500, 8972 at 9000; UDP GSO/GRO on). "
+        "Where the time goes, the profile and what is left: "
+        "[benchmarks/transport.md](benchmarks/transport.md), section *Real network paths*.",
+    ]
     return [*lines, ""]
 
 
@@ -177,9 +183,16 @@ def realpath_targets(data: dict[str, Any]) -> list[tuple[str, str, str, str, str
             elif name.endswith("aioquic"):
                 target, ok = ">= 0.15x", r["vs_flight"] >= 0.15
             else:
-                target, ok = (
-                    ">= 0.50x, CPU <= 3x Flight's",
-                    (r["vs_flight"] >= 0.5 and cpu <= 3 * flight_cpu),
+                target, ok = ">= 0.50x", r["vs_flight"] >= 0.5
+            if row["mtu"] == 1500 and not row["loss"]:
+                rows.append(
+                    (
+                        "14",
+                        f"real path MTU 1500: {name} CPU per GB, client + server",
+                        f"{cpu:.1f} s/GB = {cpu / flight_cpu:.1f}x Flight's {flight_cpu:.1f}",
+                        "<= 3x Flight's",
+                        "met" if cpu <= 3 * flight_cpu else "**behind**",
+                    )
                 )
             rows.append(
                 (

@@ -46,6 +46,10 @@ class EngineConfig:
     max_early_bytes: int = 16 * 1024 * 1024
     """Bytes accepted before the peer's CONNECTION_HEADERS (close code 3 beyond it). A
     conforming peer sends at most one message per channel before it knows our window."""
+    require_flow_control: bool = False
+    """Refuse a peer that does not advertise a flow-control window (close code 3): without
+    one it has unlimited credit, so nothing bounds what it makes us hold. A server facing
+    untrusted clients sets this (``aqueduct serve`` does)."""
     flow_window: int | None = DEFAULT_WINDOW
     """Per-channel receive window we advertise (bytes); None: do not take part in flow
     control (the peer then gets unlimited credit and never sees DEQUEUED)."""

@@ -46,6 +46,7 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.wire.chanid import ENTRYPOINT, Side
 from aqueduct_core.wire.frames import (
+    ATTACHMENT_COST,
     AckNackUnreliable,
     AckReliable,
     AckVersion,
@@ -659,6 +660,12 @@ class Connection:
             raise RemoteProtocolError("a second CONNECTION_HEADERS")
         self.peer_headers = frame.headers
         peer_window = parse_window(frame.headers)
+        if peer_window is None and self.config.require_flow_control:
+            raise RemoteProtocolError(
+                "the peer does not take part in flow control (no aqueduct-flow header); "
+                "this endpoint requires it: upgrade the peer's Aqueduct library",
+                CloseCode.LIMIT_VIOLATION,
+            )
         if peer_window is not None and self.config.flow_window is not None:
             self.peer_window = peer_window
             self.own_window = self.config.flow_window
@@ -810,7 +817,7 @@ class Connection:
         if self.peer_headers is None:
             return  # routes are not resolved yet; the bytes count in _count_early
         seq.reserved_head = head
-        cost = head.payload_len
+        cost = head.payload_len + ATTACHMENT_COST * len(head.attachments)
         rm = None if seq.ignore else self.receivers.get(seq.route)
         loose = rm is None or not self.endpoints[rm.chanid].attached
         seq.reserved = (rm, cost, loose)

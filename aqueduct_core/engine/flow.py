@@ -11,7 +11,9 @@ from __future__ import annotations
 from aqueduct_core.errors import RemoteProtocolError
 from aqueduct_core.wire.primitives import Headers, Truncated, encode_varint, pull_varint
 
-FLOW_HEADER = b"aqueduct-flow-5c1e07"
+FLOW_HEADER = b"aqueduct-flow-9d04b2"
+"""Renamed from ``aqueduct-flow-5c1e07`` when attachments began to count in a message's cost:
+peers that count differently must not both think the extension is on."""
 
 
 def encode_window(window: int) -> bytes:

@@ -22,6 +22,7 @@ from aqueduct_core.engine.rangeset import RangeSet
 from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError, WouldBlock
 from aqueduct_core.wire import ranges as wr
 from aqueduct_core.wire.frames import (
+    ATTACHMENT_COST,
     Attachment,
     CancelSender,
     FinishSender,
@@ -171,7 +172,7 @@ class SenderSM:
             num = self.next_unrel if unreliable else self.next_rel
             if not unreliable:
                 head = message_parts(Message(num, out.headers, out.attachments, out.payload))
-            cost = len(head) + len(out.payload)
+            cost = len(head) + len(out.payload) + ATTACHMENT_COST * len(out.attachments)
             if window is not None and self.outstanding and self.outstanding + cost > window:
                 break  # the progress rule: a message may always go when nothing is outstanding
             queue.popleft()

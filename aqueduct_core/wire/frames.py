@@ -196,9 +196,16 @@ def message_parts(frame: Message) -> bytes:
     return bytes(buf)
 
 
+ATTACHMENT_COST = 4096
+"""What each attachment adds to a message's flow-control cost: about the state (sender or
+receiver machine, endpoint, lineage) a receiver creates for it. Without it a window of tiny
+messages, each attaching a channel, would make the receiver hold ~100x the window."""
+
+
 def message_cost(frame: Message) -> int:
-    """cost(m) of profile §3.2 item 1: encoded MESSAGE length, tag to end of payload."""
-    return len(message_parts(frame)) + len(frame.payload)
+    """cost(m) of profile §3.2 item 1: encoded MESSAGE length, tag to end of payload, plus
+    :data:`ATTACHMENT_COST` per attachment."""
+    return len(message_parts(frame)) + len(frame.payload) + ATTACHMENT_COST * len(frame.attachments)
 
 
 def push_frame(buf: bytearray, frame: Frame) -> None:

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cbor2
@@ -654,7 +654,11 @@ async def start(
     transport: TransportConfig | None = None,
     reuse_port: bool = False,
 ) -> tuple[DatasetService, Server]:
-    """Start a dataset service; returns it and the Aqueduct server it runs on."""
+    """Start a dataset service; returns it and the Aqueduct server it runs on. Clients must
+    take part in flow control (the service's memory bounds rest on it), whatever
+    ``transport.engine`` says."""
+    transport = transport or TransportConfig()
+    transport = replace(transport, engine=replace(transport.engine, require_flow_control=True))
     service = DatasetService(config)
     server = await serve(
         service.handle,

@@ -221,3 +221,40 @@ def test_a_reset_stream_gives_its_fragment_back() -> None:
     for _ in range(200):
         peer.reset(peer.stream(head[:-100], fin=False))
     assert_open(peer)
+
+
+# -- attachments count in the window; flow control can be required ---------------------------
+
+
+def test_a_window_of_tiny_messages_attaching_channels_is_bounded() -> None:
+    """Each attachment costs ATTACHMENT_COST: a peer ignoring its credit with ~50-byte
+    requests that each attach a channel is cut off after window / 4 KiB of them, instead of
+    making the receiver create state for ~100x the window."""
+    from aqueduct_core.wire import Attachment
+    from aqueduct_core.wire.frames import ATTACHMENT_COST
+
+    window = 1 * MiB
+    peer = server(EngineConfig(flow_window=window), flow_window=window)
+    sent = 0
+    for i in range(2 * window // ATTACHMENT_COST):
+        chanid = C_SENDS_1 + i * 8
+        peer.routed(ENTRYPOINT, Message(i, (), (Attachment(chanid, ()),), b"x" * 40))
+        sent += 1
+        if peer.close_code is not None:
+            break
+    assert_violation(peer, CloseCode.LIMIT_VIOLATION)
+    assert sent <= window // ATTACHMENT_COST + 1
+    assert len(peer.conn.receivers) <= window // ATTACHMENT_COST + 2
+
+
+def test_require_flow_control_refuses_a_peer_without_a_window() -> None:
+    peer = ScriptedPeer(SERVER, EngineConfig(require_flow_control=True))
+    peer.handshake()  # no flow window advertised
+    assert_violation(peer, CloseCode.LIMIT_VIOLATION)
+    assert "flow control" in peer.wire.closes[0].reason
+
+
+def test_require_flow_control_accepts_a_peer_with_a_window() -> None:
+    peer = ScriptedPeer(SERVER, EngineConfig(require_flow_control=True))
+    peer.handshake(flow_window=W)
+    assert_open(peer)

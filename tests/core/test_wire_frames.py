@@ -32,10 +32,9 @@ from aqueduct_core.wire import (
     encode_frame,
     encode_frames,
     message_cost,
-    message_parts,
     parse_datagram,
-    push_frame,
 )
+from aqueduct_core.wire.frames import ATTACHMENT_COST, message_parts, push_frame
 from aqueduct_core.wire.ranges import (
     ack_nack_runs,
     ack_reliable_runs,
@@ -366,7 +365,7 @@ def test_message_parts_and_cost(message: Message, payload_type: type) -> None:
     )
     wire = encode_frame(message)
     assert message_parts(message) + bytes(message.payload) == wire
-    assert message_cost(message) == len(wire)
+    assert message_cost(message) == len(wire) + ATTACHMENT_COST * len(message.attachments)
     assert decode_frame(wire) == message
 
 

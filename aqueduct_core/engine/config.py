@@ -30,6 +30,11 @@ class EngineConfig:
     handshake_timeout: float = 10.0
     """The peer's CONNECTION_HEADERS must arrive within this time (close code 4)."""
     limits: WireLimits = field(default_factory=WireLimits)
+    max_channels: int = 10_000
+    """Live channel state machines on this connection (ours and the peer's) beyond which a
+    channel the peer creates closes the connection (code 3). A channel lives until the peer
+    closes its end, so a peer that never does would otherwise grow our state without bound
+    while keeping to its credit (each costs about 2.7 KB)."""
     max_pending_channels: int = 4096
     """Live remote-created channels that are not attached yet (close code 3 beyond it)."""
     max_pending_bytes: int = 256 * 1024 * 1024

@@ -914,6 +914,12 @@ class Connection:
 
     def _create_remote(self, chanid: int, attached: bool) -> Endpoint:
         """State for a channel the peer created, from ROUTE_TO or from an attachment."""
+        if len(self.senders) + len(self.receivers) >= self.config.max_channels:
+            raise RemoteProtocolError(
+                f"more than {self.config.max_channels} live channels on one connection "
+                "(channels stay until the peer closes its end)",
+                CloseCode.LIMIT_VIOLATION,
+            )
         if not attached and self._unattached >= self.config.max_pending_channels:
             raise RemoteProtocolError(
                 "too many channels that are not attached yet", CloseCode.LIMIT_VIOLATION

@@ -23,6 +23,7 @@ from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolEr
 from aqueduct_core.wire import ranges as wr
 from aqueduct_core.wire.frames import (
     ATTACHMENT_COST,
+    MESSAGE_OVERHEAD,
     Attachment,
     CancelSender,
     FinishSender,
@@ -172,7 +173,12 @@ class SenderSM:
             num = self.next_unrel if unreliable else self.next_rel
             if not unreliable:
                 head = message_parts(Message(num, out.headers, out.attachments, out.payload))
-            cost = len(head) + len(out.payload) + ATTACHMENT_COST * len(out.attachments)
+            cost = (
+                len(head)
+                + len(out.payload)
+                + MESSAGE_OVERHEAD
+                + ATTACHMENT_COST * len(out.attachments)
+            )
             if window is not None and self.outstanding and self.outstanding + cost > window:
                 break  # the progress rule: a message may always go when nothing is outstanding
             queue.popleft()

@@ -196,6 +196,9 @@ def message_parts(frame: Message) -> bytes:
     return bytes(buf)
 
 
+MESSAGE_OVERHEAD = 128
+"""What every message adds to its flow-control cost: about the objects a receiver keeps for
+a queued message, so a window of empty messages is not ~20x the window in memory."""
 ATTACHMENT_COST = 4096
 """What each attachment adds to a message's flow-control cost: about the state (sender or
 receiver machine, endpoint, lineage) a receiver creates for it. Without it a window of tiny
@@ -204,8 +207,9 @@ messages, each attaching a channel, would make the receiver hold ~100x the windo
 
 def message_cost(frame: Message) -> int:
     """cost(m) of profile §3.2 item 1: encoded MESSAGE length, tag to end of payload, plus
-    :data:`ATTACHMENT_COST` per attachment."""
-    return len(message_parts(frame)) + len(frame.payload) + ATTACHMENT_COST * len(frame.attachments)
+    :data:`MESSAGE_OVERHEAD`, plus :data:`ATTACHMENT_COST` per attachment."""
+    extra = MESSAGE_OVERHEAD + ATTACHMENT_COST * len(frame.attachments)
+    return len(message_parts(frame)) + len(frame.payload) + extra
 
 
 def push_frame(buf: bytearray, frame: Frame) -> None:

@@ -183,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
         "messages no window covers (default %(default)s)",
     )
     s.add_argument(
+        "--max-channels",
+        type=_positive,
+        default=engine.max_channels,
+        metavar="N",
+        help="live channels on one connection; a client that opens more is disconnected "
+        "(default %(default)s)",
+    )
+    s.add_argument(
         "--max-pending-channels",
         type=_positive,
         default=engine.max_pending_channels,
@@ -403,6 +411,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_early_bytes": args.max_early_bytes,
             "max_pending_bytes": args.max_pending_bytes,
             "max_pending_channels": args.max_pending_channels,
+            "max_channels": args.max_channels,
         },
         "reuse_port": args.workers > 1,
     }

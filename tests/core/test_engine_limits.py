@@ -158,9 +158,9 @@ def test_a_message_arriving_in_pieces_is_charged_once() -> None:
     peer.stream(frames, chunk=1200, fin=False)
     assert_open(peer)
     rm = peer.conn.receivers[ENTRYPOINT]
-    assert 4 * MiB < rm.in_flight < 4 * MiB + 64
+    assert 4 * MiB < rm.in_flight < 4 * MiB + 256
     peer.stream([RouteTo(ENTRYPOINT), Message(1, (), (), b"z" * (4 * MiB))], chunk=1200, fin=False)
-    assert 8 * MiB < rm.in_flight < 8 * MiB + 128
+    assert 8 * MiB < rm.in_flight < 8 * MiB + 512
     assert_open(peer)
 
 
@@ -258,3 +258,21 @@ def test_require_flow_control_accepts_a_peer_with_a_window() -> None:
     peer = ScriptedPeer(SERVER, EngineConfig(require_flow_control=True))
     peer.handshake(flow_window=W)
     assert_open(peer)
+
+
+def test_live_channels_are_capped_even_within_credit() -> None:
+    """Channels live until the peer closes its end: a peer that attaches channels (keeping
+    to its credit, the application reading every message) and never closes them is cut off
+    at max_channels instead of growing our state for ever."""
+    from aqueduct_core.wire import Attachment
+
+    peer = server(EngineConfig(max_channels=100))
+    for i in range(200):
+        peer.routed(ENTRYPOINT, Message(i, (), (Attachment(C_SENDS_1 + i * 8, ()),), b"r"))
+        if peer.close_code is not None:
+            break
+        while peer.conn.recv(ENTRYPOINT, peer.now) is not None:
+            pass
+    assert_violation(peer, CloseCode.LIMIT_VIOLATION)
+    assert "live channels" in peer.wire.closes[0].reason
+    assert len(peer.conn.receivers) + len(peer.conn.senders) <= 100

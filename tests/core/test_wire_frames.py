@@ -34,7 +34,12 @@ from aqueduct_core.wire import (
     message_cost,
     parse_datagram,
 )
-from aqueduct_core.wire.frames import ATTACHMENT_COST, message_parts, push_frame
+from aqueduct_core.wire.frames import (
+    ATTACHMENT_COST,
+    MESSAGE_OVERHEAD,
+    message_parts,
+    push_frame,
+)
 from aqueduct_core.wire.ranges import (
     ack_nack_runs,
     ack_reliable_runs,
@@ -365,14 +370,15 @@ def test_message_parts_and_cost(message: Message, payload_type: type) -> None:
     )
     wire = encode_frame(message)
     assert message_parts(message) + bytes(message.payload) == wire
-    assert message_cost(message) == len(wire) + ATTACHMENT_COST * len(message.attachments)
+    extra = MESSAGE_OVERHEAD + ATTACHMENT_COST * len(message.attachments)
+    assert message_cost(message) == len(wire) + extra
     assert decode_frame(wire) == message
 
 
 def test_message_parts_of_the_attachment_vector() -> None:
     message = Message(0, payload=b"hi")
     assert message_parts(message) == bytes.fromhex("04 00 00 00 02")
-    assert message_cost(message) == 7
+    assert message_cost(message) == 7 + MESSAGE_OVERHEAD
 
 
 @given(aqs.ack_reliable_ranges())

@@ -90,3 +90,22 @@ def test_max_pending_channels_flag(tight: Target) -> None:
         await attacker.flush(0, stall=3.0)
 
     assert_cut_off(run(attacked(tight, channels)))
+
+
+@pytest.mark.parametrize("tight", [["--max-channels", "50"]], indirect=True)
+def test_max_channels_flag(tight: Target) -> None:
+    """Requests attaching a channel each, never closed by the client: fine up to 10,000 by
+    default, cut off past the flag's 50."""
+    from aqueduct_core.wire import Attachment
+    from aqueduct_core.wire.chanid import Side, make_chanid
+
+    async def channels_kept(attacker: Attacker) -> None:
+        attacker.hello(16 * MIB)
+        await attacker.wait_server_headers()
+        sid = attacker.stream(encode_frames(RouteTo(0)))
+        for i in range(120):
+            att = (Attachment(make_chanid(Side.CLIENT, Side.SERVER, False, i)),)
+            attacker.stream(encode_frames(Message(i, (), att, b"x")), stream_id=sid)
+        await attacker.flush(0, stall=3.0)
+
+    assert_cut_off(run(attacked(tight, channels_kept)))

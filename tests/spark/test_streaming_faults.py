@@ -110,6 +110,7 @@ def test_driver_killed_mid_batch_then_restarted_writes_every_row_exactly_once(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # ~300 s on a loaded 2-core machine; the 300 s default is too tight
 def test_driver_killed_again_and_again_writes_every_row_exactly_once(
     spark: Any, service: ServiceProcess, tmp_path: Path, markers: Path
 ) -> None:

@@ -51,9 +51,12 @@ from aqueduct_core.wire import (
     message_cost,
 )
 from aqueduct_core.wire.chanid import Side
+from aqueduct_core.wire.frames import MESSAGE_OVERHEAD
 from aqueduct_core.wire.ranges import encode_ack_nack
 
-W = 100
+OVH = MESSAGE_OVERHEAD
+W = 100 + 2 * OVH
+"""Two 30-byte messages fit, a third does not; a 59-byte and a 31-byte one fill it exactly."""
 """A window small enough to count by hand (costs below are for payloads < 128 bytes)."""
 
 
@@ -212,12 +215,12 @@ def test_case_65_receiver_closes_with_code_3_when_the_window_is_exceeded(datagra
 
     deliver(0, 59)  # B = 64
     assert conn.recv(ENTRYPOINT, now=peer.now) is not None
-    assert dequeued_frames(peer) == [Dequeued(64)]  # >= W/2: reported at once, B = 0
-    deliver(1, 59)  # B = 64
-    deliver(2, 31)  # B = 100 = W: still allowed
+    assert dequeued_frames(peer) == [Dequeued(64 + OVH)]  # >= W/2: reported at once, B = 0
+    deliver(1, 59)  # B = 64 + OVH
+    deliver(2, 31)  # B = 100 + 2 OVH = W: still allowed
     assert conn.memory().received == {ENTRYPOINT: W}
     assert_open(peer)
-    deliver(3, 0)  # B = 105 > W, and 105 != cost(m) = 5
+    deliver(3, 0)  # B = W + 5 + OVH > W, and != cost(m) = 5 + OVH
     assert_violation(peer, CloseCode.LIMIT_VIOLATION)
     assert conn.memory().total == 0  # nothing stays buffered on a closed connection
 
@@ -271,7 +274,7 @@ def test_case_66_nacked_unreliable_messages_release_their_cost() -> None:
     rx.advance(1.0)
     assert rx.wire.of_type(AckNackUnreliable) == [AckNackUnreliable(encode_ack_nack([False, True]))]
     rx.routed_datagram(ENTRYPOINT, late)  # ignored: never delivered, never counted
-    rx.routed_datagram(ENTRYPOINT, Message(2, payload=b"n" * 30))  # B = 70, not 105
+    rx.routed_datagram(ENTRYPOINT, Message(2, payload=b"n" * 30))  # B = 2c, not 3c
     assert rx.conn.memory().received == {ENTRYPOINT: 2 * c}
     assert_open(rx)
 
@@ -466,12 +469,12 @@ def test_channels_not_yet_attached_are_capped_in_number_and_bytes() -> None:
     peer = server(EngineConfig(max_pending_channels=2), flow_window=1 << 20)
     peer.routed(C_SENDS_1, Message(0, payload=b"early"))
     peer.routed(C_SENDS_2, Message(0, payload=b"early"))
-    assert peer.conn.pending_channels() == (2, 2 * len(b"early") + 2 * 5)
+    assert peer.conn.pending_channels() == (2, 2 * len(b"early") + 2 * (5 + OVH))
     assert_open(peer)
     peer.routed(C_SENDS_2 + 8, Message(0, payload=b"one too many"))
     assert_violation(peer, CloseCode.LIMIT_VIOLATION)
 
-    peer = server(EngineConfig(max_pending_bytes=100), flow_window=1 << 20)
+    peer = server(EngineConfig(max_pending_bytes=100 + 2 * OVH), flow_window=1 << 20)
     peer.routed(C_SENDS_1, Message(0, payload=b"x" * 60))
     assert_open(peer)
     peer.routed(C_SENDS_2, Message(0, payload=b"x" * 60))

@@ -543,11 +543,11 @@ def test_a_stalled_consumer_with_a_window_of_several_messages(backend: str) -> N
 def test_a_stalled_parent_delays_neither_its_child_nor_a_sibling(backend: str) -> None:
     """Issue 5 acceptance. Everything is UNORDERED (one QUIC stream per message) and QUIC
     lets the client open only 100 streams at a time. The parent's consumer takes its first
-    message (which carries the child's handle) and then stalls with a full 64 KiB window:
+    message (which carries the child's handle) and then stalls with a full 128 KiB window:
     over 300 of the parent's messages, each its own stream, sit in the server's buffers
     while it reads nothing, and 300 more wait at the sender, whose send awaits. Meanwhile
     the child and a sibling each deliver 300 messages."""
-    window = 64 * KIB
+    window = 128 * KIB  # ~400 messages of ~330 bytes of cost (MESSAGE_OVERHEAD included)
     transport = TransportConfig(max_streams_uni=100)
     pad = b"x" * 180
     total = 800

@@ -52,7 +52,9 @@ OPTIONS: tuple[Option, ...] = (
         "cafile",
         "none",
         "all",
-        "PEM file of the CA that signed the service certificate (must exist on every executor).",
+        "PEM file of the CA that signed the service certificate: an absolute path, checked on "
+        "the driver when the DataFrame or write is defined (it must also exist on every "
+        "executor).",
     ),
     Option(
         "fingerprint",

@@ -81,7 +81,9 @@ OPTIONS: tuple[Option, ...] = (
         "packetSize",
         "auto",
         "all",
-        "QUIC packet size in bytes; auto: largest on loopback, 1472 elsewhere. Raise for jumbo frames (e.g. 8972).",
+        "QUIC packet size in bytes; auto: largest on loopback, else the MTU of the route to "
+        "the service less IP and UDP headers (1472 on Ethernet, 8972 on jumbo frames). Set it "
+        "only to override that.",
     ),
     Option(
         "compression",

@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--packet-size",
         type=int,
         default=None,
-        help="QUIC packet size (default: largest on loopback, 1472 elsewhere)",
+        help="QUIC packet size (default: largest on loopback, else the route's MTU "
+        "less IP and UDP headers)",
     )
     s.add_argument(
         "--max-requests",

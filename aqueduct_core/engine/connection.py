@@ -46,7 +46,6 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.wire.chanid import ENTRYPOINT, Side
 from aqueduct_core.wire.frames import (
-    ATTACHMENT_COST,
     AckNackUnreliable,
     AckReliable,
     AckVersion,
@@ -64,6 +63,7 @@ from aqueduct_core.wire.frames import (
     RouteTo,
     SentUnreliable,
     Version,
+    cost_of,
     encode_frame,
     message_cost,
     push_frame,
@@ -817,7 +817,7 @@ class Connection:
         if self.peer_headers is None:
             return  # routes are not resolved yet; the bytes count in _count_early
         seq.reserved_head = head
-        cost = head.payload_len + ATTACHMENT_COST * len(head.attachments)
+        cost = cost_of(head.payload_len, len(head.attachments))  # the head's bytes aside
         rm = None if seq.ignore else self.receivers.get(seq.route)
         loose = rm is None or not self.endpoints[rm.chanid].attached
         seq.reserved = (rm, cost, loose)

@@ -96,14 +96,7 @@ class ReceiverSM:
             self.received.add(n)
             self.rel_unacked.append(n)
         cost = self.conn.message_arrived(self, frame)
-        if self.conn.own_window is not None:
-            window = self.conn.own_window
-            self.in_flight += cost - reserved
-            if self.in_flight > window and self.in_flight != cost:
-                raise RemoteProtocolError(
-                    f"sender exceeded the flow-control window ({self.in_flight} > {window})",
-                    CloseCode.LIMIT_VIOLATION,
-                )
+        self._charge(cost, already=reserved)
         if self.oneshot:
             self.finish_count = 1  # message 0 implies "finished with 1" (§2.7)
             self._check_complete()
@@ -141,13 +134,20 @@ class ReceiverSM:
         """The head of a MESSAGE costing ``cost`` arrived; its payload is still coming.
         Charge the window now, so bytes of unfinished messages are never held beyond what we
         granted (the same progress rule as for a complete message)."""
+        self._charge(cost, unfinished=True)
+
+    def _charge(self, cost: int, *, already: int = 0, unfinished: bool = False) -> None:
+        """Add a message costing ``cost`` (``already`` of it charged before) to the bytes in
+        flight; beyond the window a violation, unless it is the only message (the progress
+        rule, §3.4 item 3)."""
         window = self.conn.own_window
         if window is None:
             return
-        self.in_flight += cost
+        self.in_flight += cost - already
         if self.in_flight > window and self.in_flight != cost:
+            what = "an unfinished message" if unfinished else "a message"
             raise RemoteProtocolError(
-                f"sender exceeded the flow-control window with an unfinished message "
+                f"sender exceeded the flow-control window with {what} "
                 f"({self.in_flight} > {window})",
                 CloseCode.LIMIT_VIOLATION,
             )

@@ -22,14 +22,13 @@ from aqueduct_core.engine.rangeset import RangeSet
 from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError, WouldBlock
 from aqueduct_core.wire import ranges as wr
 from aqueduct_core.wire.frames import (
-    ATTACHMENT_COST,
-    MESSAGE_OVERHEAD,
     Attachment,
     CancelSender,
     FinishSender,
     Message,
     Payload,
     SentUnreliable,
+    cost_of,
     encode_frame,
     message_parts,
 )
@@ -173,12 +172,7 @@ class SenderSM:
             num = self.next_unrel if unreliable else self.next_rel
             if not unreliable:
                 head = message_parts(Message(num, out.headers, out.attachments, out.payload))
-            cost = (
-                len(head)
-                + len(out.payload)
-                + MESSAGE_OVERHEAD
-                + ATTACHMENT_COST * len(out.attachments)
-            )
+            cost = cost_of(len(head) + len(out.payload), len(out.attachments))
             if window is not None and self.outstanding and self.outstanding + cost > window:
                 break  # the progress rule: a message may always go when nothing is outstanding
             queue.popleft()

@@ -208,8 +208,14 @@ messages, each attaching a channel, would make the receiver hold ~100x the windo
 def message_cost(frame: Message) -> int:
     """cost(m) of profile §3.2 item 1: encoded MESSAGE length, tag to end of payload, plus
     :data:`MESSAGE_OVERHEAD`, plus :data:`ATTACHMENT_COST` per attachment."""
-    extra = MESSAGE_OVERHEAD + ATTACHMENT_COST * len(frame.attachments)
-    return len(message_parts(frame)) + len(frame.payload) + extra
+    return cost_of(len(message_parts(frame)) + len(frame.payload), len(frame.attachments))
+
+
+def cost_of(encoded: int, attachments: int) -> int:
+    """The flow-control cost of a MESSAGE whose encoding (tag to end of payload) is
+    ``encoded`` bytes long and which carries ``attachments`` attachments: the one formula
+    both sides count with."""
+    return encoded + MESSAGE_OVERHEAD + ATTACHMENT_COST * attachments
 
 
 def push_frame(buf: bytearray, frame: Frame) -> None:

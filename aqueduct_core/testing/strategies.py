@@ -171,10 +171,21 @@ def prelude_frames() -> st.SearchStrategy[Frame]:
 
 def routed_frames(flow_control: bool = False, max_payload: int = 256) -> st.SearchStrategy[Frame]:
     """Every frame that may follow ROUTE_TO; DEQUEUED only when ``flow_control``."""
+    return _routed(messages(max_payload), varints(), flow_control)
+
+
+def _routed(
+    message: st.SearchStrategy[Message],
+    counts: st.SearchStrategy[int],
+    flow_control: bool,
+    message_weight: int = 1,
+) -> st.SearchStrategy[Frame]:
+    """The routed frame types: MESSAGEs from ``message`` (listed ``message_weight`` times),
+    count fields from ``counts``."""
     parts: list[st.SearchStrategy[Frame]] = [
-        messages(max_payload),
-        st.builds(SentUnreliable, varints()),
-        st.builds(FinishSender, varints()),
+        *[message] * message_weight,
+        st.builds(SentUnreliable, counts),
+        st.builds(FinishSender, counts),
         st.just(CancelSender()),
         st.builds(AckReliable, ack_reliable_ranges()),
         st.builds(AckNackUnreliable, ack_nack_ranges()),
@@ -300,20 +311,8 @@ def hostile_messages(max_payload: int = 64) -> st.SearchStrategy[Message]:
 
 def hostile_routed_frames(flow_control: bool = False) -> st.SearchStrategy[Frame]:
     """Frames a client may send after ROUTE_TO, with claimed numbers in every count field."""
-    parts: list[st.SearchStrategy[Frame]] = [
-        hostile_messages(),
-        hostile_messages(),
-        st.builds(SentUnreliable, claimed_numbers()),
-        st.builds(FinishSender, claimed_numbers()),
-        st.just(CancelSender()),
-        st.builds(AckReliable, ack_reliable_ranges()),
-        st.builds(AckNackUnreliable, ack_nack_ranges()),
-        st.just(CloseReceiver()),
-        st.just(ForgetChannel()),
-    ]
-    if flow_control:
-        parts.append(st.builds(Dequeued, varints()))
-    return st.one_of(*parts)
+    # MESSAGE listed twice: the frames that matter most are drawn more often.
+    return _routed(hostile_messages(), claimed_numbers(), flow_control, message_weight=2)
 
 
 def unfinished_messages() -> st.SearchStrategy[bytes]:

@@ -141,6 +141,11 @@ async def connect(
         sock.close()
         raise
     conn: Connection = protocol.conn
+    try:
+        await protocol.find_packet_size(addr)
+    except BaseException:
+        protocol._transport.close()
+        raise
     if resuming:
         protocol.connect_early(addr)
         if early_data and protocol.zero_rtt:

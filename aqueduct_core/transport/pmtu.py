@@ -13,24 +13,43 @@ override, when set, is used as is):
 2. **Never fragment.** The socket sends with "don't fragment" (``udp.forbid_fragments``), so
    a packet too large for the first hop fails locally with ``EMSGSIZE`` (dropped, counted
    lost) and one too large for a later hop is dropped there, never split into IP fragments.
-3. **Probe upward, fall back on loss.** RFC 8899's search needs probe packets of a chosen
-   size that the peer acknowledges. qh3's core does this for a client (from its starting
-   size up to 1472, and it lowers the size when probes are lost); aioquic has no probe
-   packets. :class:`BlackHoleDetector` implements the RFC's black-hole rule on the adapter
-   side for aioquic, whose packet size can change mid-connection: when the library reports
-   repeated probe timeouts (PTO) at a size above the base, the route is asked again (an ICMP
-   "packet too big" lowers the route's MTU) and, failing that, the size drops to the base
-   (1200, every QUIC path carries it); the larger size is tried again once the connection
-   has recovered, twice at most.
+3. **Probe, up and down, before the handshake** (RFC 8899 §6.1: an application over UDP
+   brings its own probe and confirmation). Neither library can do it for us: qh3's core
+   only probes a fixed list up to 1472 bytes (client side only) and cannot change the size
+   of a connection once made; aioquic has no probe packets. So the client's UDP transport
+   (``udp.UdpTransport.probe_path``) sends one probe datagram of each size of
+   :func:`probe_ladder` (the route's size, the usual MTUs below it down to 1200 and above
+   it up to the backend's limit) to the server's port. The server's UDP transport answers
+   each with a datagram *of the same size*, so an answered probe proves that both
+   directions carry that size. A second round refines between the largest answered and the
+   smallest unanswered size. The client uses the largest answered size, advertises it
+   (``max_udp_payload_size``) and tells the server in a small result datagram; the server
+   sizes that connection from it. So a path whose route says 1500 but whose middle hop
+   carries 1400 settles below 1400, and a route that says less than the link carries (a
+   route ``mtu`` metric, a stale path-MTU entry) is probed past. A peer that does not
+   answer (an older server) costs :data:`PROBE_WAIT` once per connect and leaves the
+   route's size. Probes and answers start with a zero byte, which no QUIC packet does (the
+   fixed bit, RFC 9000 §17), so the transports take them out before the libraries see them.
+4. **Fall back on loss, mid-connection.** :class:`BlackHoleDetector` implements RFC 8899
+   §4.3's black-hole rule for aioquic, whose packet size can change mid-connection: when
+   the library reports repeated probe timeouts (PTO) at a size above the base, the route is
+   asked again (an ICMP "packet too big" lowers the route's MTU) and, failing that, the
+   size drops to the base (1200, every QUIC path carries it); the larger size is tried
+   again once the connection has recovered, twice at most. A qh3 connection keeps its size
+   (its core cannot change it); a qh3 client falls back to 1200 by itself when nothing
+   answers its first packets.
 
 Loopback keeps the backend's largest packet (no Ethernet in the way).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
+import os
 import socket
+import struct
 from typing import Any
 
 BASE_PACKET = 1200
@@ -127,6 +146,9 @@ class BlackHoleDetector:
         self.peer_ip = peer_ip
         self.size = self.found = size
         self.limit = limit
+        self.routed = packet_size_for_route(peer_ip, limit)
+        """The route's size at the start: only a route that shrank since (an ICMP "packet
+        too big") says more than the probes did."""
         self.strikes = 0
         self.since: float | None = None
 
@@ -135,7 +157,7 @@ class BlackHoleDetector:
             if pto_count < PTO_LIMIT:
                 return None
             routed = packet_size_for_route(self.peer_ip, self.limit)
-            if routed is not None and routed < self.size:
+            if routed is not None and routed < min(self.size, self.routed or self.size):
                 self.size = self.found = routed  # the route learned a smaller MTU
                 return routed
             self.strikes += 1
@@ -157,3 +179,102 @@ def peer_ip(addr: Any) -> str | None:
     with contextlib.suppress(Exception):
         return str(addr[0])
     return None
+
+
+# -- probing (both ends are Aqueduct UDP transports; see the module docstring, step 3) ----
+
+PROBE_MAGIC = b"\x00AQPMTU1"
+"""Starts every probe datagram. The zero first byte has the QUIC fixed bit (0x40) clear:
+no QUIC packet starts so, and neither library negotiates greasing it (RFC 9287)."""
+PROBE_ASK, PROBE_ANSWER, PROBE_RESULT = 0, 1, 2
+_PROBE = struct.Struct("!8sB8sH")
+"""magic, kind, nonce, size (the probed size; for a result, the size the client chose)."""
+PROBE_HEADER = _PROBE.size
+LADDER = (1200, 1232, 1280, 1350, 1400, 1452, 1472, 2048, 4052, 8164, 8972, 9188, 16356, 65507)
+"""UDP payloads of the usual link MTUs (IPv4): 1280 (IPv6 minimum), 1400-1500 (tunnels,
+Ethernet), 4096 and 8192 (some virtual links), 9000 and 9216 (jumbo frames), 16384, 65535."""
+PROBE_WAIT = 0.25
+"""Seconds to wait for the first answer; a peer that does not answer keeps the route's size."""
+PROBE_SETTLE = 0.002
+"""After the first answer, wait ``2 * its round trip + PROBE_SETTLE`` for the others."""
+REFINE_STEPS = 6
+"""Sizes of the second round, evenly between the largest answered and the next lost."""
+
+
+def probe_ladder(start: int, limit: int) -> list[int]:
+    """Sizes to probe: ``start`` (the route's size) and every :data:`LADDER` size from the
+    base to ``limit``, smallest first."""
+    return sorted({start, *(size for size in LADDER if size <= limit)} - {0})
+
+
+def refine_ladder(answered: int, lost: int) -> list[int]:
+    """Second round: sizes evenly between ``answered`` and ``lost`` (exclusive)."""
+    if lost - answered <= 2 * REFINE_STEPS:
+        return []
+    step = (lost - answered) / (REFINE_STEPS + 1)
+    return sorted({answered + round(step * k) for k in range(1, REFINE_STEPS + 1)})
+
+
+def encode_probe(kind: int, nonce: bytes, size: int, total: int | None = None) -> bytes:
+    """A probe datagram: header, padded with zero bytes to ``total`` (default ``size``)."""
+    head = _PROBE.pack(PROBE_MAGIC, kind, nonce, size)
+    return head + bytes(max(0, (size if total is None else total) - len(head)))
+
+
+def decode_probe(data: bytes) -> tuple[int, bytes, int] | None:
+    """(kind, nonce, size) of a probe datagram, or None if ``data`` is not one."""
+    if len(data) < PROBE_HEADER or not data.startswith(PROBE_MAGIC):
+        return None
+    _, kind, nonce, size = _PROBE.unpack_from(data)
+    return kind, nonce, size
+
+
+def new_nonce() -> bytes:
+    return os.urandom(8)
+
+
+async def search(transport: Any, addr: Any, start: int, limit: int) -> int | None:
+    """On ``transport`` (a ``udp.UdpTransport``): find the largest datagram both directions of the path to ``addr`` carry (step 3 of
+    the module docstring); None when the peer answered no probe. Tells the peer the result."""
+    loop = asyncio.get_running_loop()
+    nonce = new_nonce()
+    answered: set[int] = set()
+    event = asyncio.Event()
+
+    def on_answer(size: int) -> None:
+        answered.add(size)
+        event.set()
+
+    async def round_trip(sizes: list[int]) -> None:
+        sent = loop.time()
+        for size in sizes:
+            transport.send_probe(encode_probe(PROBE_ASK, nonce, size), addr)
+        end = sent + PROBE_WAIT
+        settled = False
+        while any(size not in answered for size in sizes):
+            now = loop.time()
+            if not settled and any(size in answered for size in sizes):
+                settled, end = True, now + 2 * (now - sent) + PROBE_SETTLE
+            if now >= end:
+                return
+            event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), end - now)
+
+    transport.probe_waiters[nonce] = on_answer
+    try:
+        ladder = probe_ladder(start, limit)
+        await round_trip(ladder)
+        if not answered:
+            return None
+        best = max(answered)
+        above = [size for size in ladder if size > best]
+        if above:
+            await round_trip(refine_ladder(best, above[0]))
+            best = max(answered)
+    finally:
+        del transport.probe_waiters[nonce]
+    result = encode_probe(PROBE_RESULT, nonce, best, PROBE_HEADER)
+    for _ in range(2):  # a lost result only costs the server its route's size
+        transport.send_probe(result, addr)
+    return best

@@ -48,6 +48,7 @@ from aqueduct_core.transport.config import (
     zero_rtt_enabled,
 )
 from aqueduct_core.transport.pmtu import (
+    BASE_PACKET,
     BlackHoleDetector,
     packet_size_for_route,
     peer_ip,
@@ -138,6 +139,8 @@ def _build(backend: Backend) -> type:
                 # not safe to replay until Connection.wait_confirmed().
                 self.engine.early_data(self._loop.time())
             self._sized = False
+            self._path_size: int | None = None
+            """The packet size the path probes found (client: its search; pmtu.py)."""
             self._black_hole: BlackHoleDetector | None = None
 
         # -- engine commands (the Driver protocol) --------------------------------------
@@ -365,13 +368,33 @@ def _build(backend: Backend) -> type:
                 self._size_for_path(addr)  # a server's first packet from this client
             super().datagram_received(data, addr)
 
+        async def find_packet_size(self, addr: Any) -> None:
+            """Client, before ``connect``: probe the path to ``addr`` for its packet size
+            (pmtu.py, step 3); without an answer the route's size stands."""
+            ip = peer_ip(addr)
+            probe = getattr(self._transport, "probe_path", None)
+            if self.config.packet_size is not None or ip is None or is_loopback(ip) or not probe:
+                return
+            limit = AIOQUIC_MAX_PACKET if is_aioquic else QH3_MAX_PACKET
+            start = packet_size_for_route(ip, limit) or BASE_PACKET
+            found = await probe(addr, start, limit)
+            if found is None:
+                log.info(
+                    "no answer to path probes from %s: packet size %d (the route's)", ip, start
+                )
+            self._path_size = found
+
         def _size_for_path(self, addr: Any) -> None:
             self._sized = True
             ip = peer_ip(addr)
             if self.config.packet_size is not None or ip is None or is_loopback(ip):
                 return  # the operator's size, or loopback's largest, stands
             limit = AIOQUIC_MAX_PACKET if is_aioquic else QH3_MAX_PACKET
-            size = packet_size_for_route(ip, limit)
+            # Probed by the client (its own search, or the result it told this server).
+            size = self._path_size
+            if size is None and not self.is_client_side:
+                size = getattr(self._transport, "path_sizes", {}).get(addr)
+            size = min(size, limit) if size else packet_size_for_route(ip, limit)
             if size is None:
                 return
             if is_aioquic:

@@ -43,6 +43,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from aqueduct_core.transport import pmtu
+
 log = logging.getLogger("aqueduct.transport")
 
 SOL_UDP = 17
@@ -59,6 +61,11 @@ RECV_BURST = 64
 SEND_QUEUE_LIMIT = 4096
 """Packets waiting for a full socket buffer; beyond that they are dropped (lost, as on a
 wire), so a stalled socket cannot grow memory without bound."""
+PROBE_BUDGET = 16 << 20
+"""Bytes per second of probe answers a transport sends (a burst of as much): each answer is
+as large as its probe, never larger, so this only bounds the work a flood of probes costs."""
+PATH_SIZES_KEPT = 4096
+"""Clients whose probe result a server remembers (the oldest are forgotten first)."""
 _IS_LINUX = sys.platform.startswith("linux")
 _SEGMENT = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
@@ -145,6 +152,12 @@ class UdpTransport(asyncio.DatagramTransport):
         self._extra = {"socket": sock, "sockname": sock.getsockname(), "peername": None}
         # A QUIC server routes by connection ID; its table is reused for batching.
         self._routes: dict[bytes, Any] | None = getattr(protocol, "_protocols", None)
+        self.probe_waiters: dict[bytes, Callable[[int], None]] = {}
+        """Probe searches under way (pmtu.search), by nonce."""
+        self.path_sizes: dict[Address, int] = {}
+        """Server: the packet size each client found for its path (pmtu.py, step 3)."""
+        self._probe_credit = float(PROBE_BUDGET)
+        self._probe_time = loop.time()
         cid_conf = getattr(protocol, "_configuration", None)
         self._cid_length = int(getattr(cid_conf, "connection_id_length", 8) or 8)
         self.stats = {
@@ -327,6 +340,12 @@ class UdpTransport(asyncio.DatagramTransport):
             self.stats["recvmsg"] += 1
             if flags & socket.MSG_TRUNC:
                 continue
+            if data and not data[0]:
+                # Not QUIC (the fixed bit is clear): a path probe (pmtu.py). Only a
+                # buffer's first packet is looked at; a probe coalesced behind QUIC packets
+                # of the same flow reaches the library, which drops it as malformed.
+                self._probe_received(data, addr)
+                continue
             segment = 0
             for level, kind, payload in ancdata:
                 if level == SOL_UDP and kind == UDP_GRO and len(payload) >= _GRO_SIZE.size:
@@ -345,6 +364,43 @@ class UdpTransport(asyncio.DatagramTransport):
             if largest > stats["largest_received"]:
                 stats["largest_received"] = largest
             self._deliver(got)
+
+    # -- path probes (pmtu.py, step 3) ---------------------------------------------------
+
+    def probe_path(self, addr: Address, start: int, limit: int) -> Any:
+        """Find the packet size of the path to ``addr`` (a coroutine: ``pmtu.search``)."""
+        return pmtu.search(self, addr, start, limit)
+
+    def send_probe(self, data: bytes, addr: Address) -> None:
+        try:
+            self._sock.sendto(data, addr)
+        except OSError as exc:  # EMSGSIZE: larger than the first hop: that probe is lost
+            if exc.errno not in (errno.EMSGSIZE, errno.EAGAIN, errno.EWOULDBLOCK):
+                log.debug("path probe to %s not sent: %s", addr, exc)
+
+    def _probe_received(self, data: bytes, addr: Address) -> None:
+        probe = pmtu.decode_probe(data)
+        if probe is None:
+            return
+        kind, nonce, size = probe
+        if kind == pmtu.PROBE_ASK and size == len(data):
+            now = self._loop.time()
+            credit = self._probe_credit + (now - self._probe_time) * PROBE_BUDGET
+            self._probe_time = now
+            self._probe_credit = min(float(PROBE_BUDGET), credit)
+            if self._probe_credit >= size:
+                self._probe_credit -= size
+                self.send_probe(pmtu.encode_probe(pmtu.PROBE_ANSWER, nonce, size), addr)
+        elif kind == pmtu.PROBE_ANSWER and size == len(data):
+            waiter = self.probe_waiters.get(nonce)
+            if waiter is not None:
+                waiter(size)
+        elif kind == pmtu.PROBE_RESULT and size >= pmtu.BASE_PACKET:
+            sizes = self.path_sizes
+            sizes.pop(addr, None)
+            if len(sizes) >= PATH_SIZES_KEPT:
+                del sizes[next(iter(sizes))]
+            sizes[addr] = size
 
     def _deliver(self, got: list[tuple[bytes, Address]]) -> None:
         routes = self._routes

@@ -3,12 +3,17 @@ no loopback shortcuts (issue 14). Needs root, as CI has; skipped with the reason
 
 - data arrives intact with UDP segmentation (GSO) and receive offload (GRO) in use at MTU 1500;
 - the packet size settles from the path with no option on either end: at most 1472 bytes on
-  a 1500-byte path, at least 8000 on a 9000-byte path.
+  a 1500-byte path, at least 8000 on a 9000-byte path;
+- probing (RFC 8899) finds a hop in the middle that carries less than both routes say, a
+  black hole that sends no ICMP, and keeps the data intact;
+- probing goes past a route that says less than the link carries.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns import Link, require_root, spawn_in, stop, veth_link
+from netns import Link, require_root, routed_link, set_route_mtu, spawn_in, stop, veth_link
 
 from aqueduct_core.transport import pmtu
 
@@ -77,6 +82,33 @@ def test_packet_size_settles_from_the_path(link: Link, backend: str, mtu: int) -
         assert largest >= 8000 and min(chosen) >= 8000, (largest, chosen)
 
 
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_smaller_hop_in_the_middle_is_found_and_the_data_stays_intact(backend: str) -> None:
+    # Both hosts' routes say 1500; the router forwards at most 1400-byte IP packets and
+    # drops the rest without a word.
+    with routed_link(end_mtu=1500, middle_mtu=1400) as path:
+        result = transfer(path, backend)
+    assert result["intact"], "the bytes that arrived differ from the bytes sent"
+    chosen = result["client"]["packet_size"], result["server"]["packet_size"]
+    assert min(chosen) >= 1300 and max(chosen) <= 1372, chosen
+    assert result["client"]["largest_received"] <= 1372, result["client"]
+
+
+@needs_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_probing_goes_past_a_route_that_says_less_than_the_link_carries(
+    link: Link, backend: str
+) -> None:
+    link.set_mtu(9000)
+    set_route_mtu(link, 1500)
+    result = transfer(link, backend)
+    assert result["intact"]
+    chosen = result["client"]["packet_size"], result["server"]["packet_size"]
+    assert min(chosen) >= 8000, chosen
+    assert result["client"]["largest_received"] >= 8000, result["client"]
+
+
 def test_a_stalled_peer_costs_a_moment_at_small_packets_a_black_hole_ends_at_the_base(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -92,3 +124,62 @@ def test_a_stalled_peer_costs_a_moment_at_small_packets_a_black_hole_ends_at_the
     assert det.check(0, 2.1) is None
     assert det.check(0, 9.0) is None  # confirmed: stays at the base
     assert det.size == pmtu.BASE_PACKET
+
+
+def test_the_probe_ladder_covers_the_usual_mtus_around_the_route() -> None:
+    ladder = pmtu.probe_ladder(1372, 16384)
+    assert ladder[0] == pmtu.BASE_PACKET and ladder[-1] == 16356
+    assert {1372, 1472, 8972} <= set(ladder), "the route's size and Ethernet's, jumbo's"
+    assert pmtu.refine_ladder(1350, 1400) == [1357, 1364, 1371, 1379, 1386, 1393]
+    assert pmtu.refine_ladder(1472, 1480) == []
+    probe = pmtu.encode_probe(pmtu.PROBE_ASK, b"n" * 8, 1400)
+    assert len(probe) == 1400 and probe[0] == 0, "a zero first byte: never a QUIC packet"
+    assert pmtu.decode_probe(probe) == (pmtu.PROBE_ASK, b"n" * 8, 1400)
+    assert pmtu.decode_probe(b"\x40" + probe[1:]) is None
+
+
+async def _pair(answer: bool) -> tuple[Any, Any]:
+    from aqueduct_core.transport.udp import create_endpoint
+
+    loop = asyncio.get_running_loop()
+    ends = []
+    for _ in range(2):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        transport, _ = await create_endpoint(loop, asyncio.DatagramProtocol, sock=sock)
+        ends.append(transport)
+    if not answer:
+        ends[1].send_probe = lambda data, addr: None  # a peer that ignores probes
+    return ends[0], ends[1]
+
+
+def test_a_probe_search_finds_the_largest_size_and_tells_the_peer() -> None:
+    asyncio.run(asyncio.wait_for(_search_found(), 10))
+
+
+async def _search_found() -> None:
+    client, server = await _pair(answer=True)
+    try:
+        addr = server.get_extra_info("sockname")
+        found = await client.probe_path(addr, 1472, 16384)
+        assert found == 16356, "loopback carries every size up to the limit"
+        await asyncio.sleep(0.05)
+        assert server.path_sizes == {client.get_extra_info("sockname"): 16356}
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_peer_that_answers_no_probe_leaves_the_route_size() -> None:
+    asyncio.run(asyncio.wait_for(_search_unanswered(), 10))
+
+
+async def _search_unanswered() -> None:
+    client, server = await _pair(answer=False)
+    try:
+        found = await client.probe_path(server.get_extra_info("sockname"), 1472, 16384)
+        assert found is None and not server.path_sizes
+    finally:
+        client.close()
+        server.close()

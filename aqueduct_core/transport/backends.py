@@ -67,7 +67,7 @@ def load(name: str) -> Backend:
     if name == "qh3":
         _install_qh3_hooks()
         logging.getLogger("quic").addFilter(_quiet_normal_close)
-    backend = _loaded[name] = Backend(
+    backend = Backend(
         name,
         package.__version__,
         configuration.QuicConfiguration,
@@ -77,46 +77,105 @@ def load(name: str) -> Backend:
         connection.QuicConnectionError,
         importlib.import_module(f"{name}.quic.events"),
     )
+    _check(backend)
+    _loaded[name] = backend
     return backend
 
 
 def check(name: str) -> None:
-    """Verify every private hook against the installed library (raises BackendMismatch)."""
-    backend = load(name)
+    """Verify every private hook against the installed library (raises BackendMismatch).
+    :func:`load` runs it once per process, so an incompatible version fails at the first
+    connection with a message naming the moved part, not later mid-transfer."""
+    _check(load(name))
+
+
+def _mismatch(backend: Backend, what: str) -> BackendMismatch:
+    return BackendMismatch(
+        f"{backend.name} {backend.version} is not a version Aqueduct supports: {what}. "
+        "Install the version pinned in aqueduct-spark's requirements (pip install "
+        f"'aqueduct-spark[{backend.name}]'), or choose the other backend."
+    )
+
+
+def _check_transport_hooks(backend: Backend) -> None:
+    """The internals udp.py (server routing, batched receive), pmtu.py (packet size of a
+    live connection) and quic.py (backlog, stream limit, RTT) read or write."""
+    name = backend.name
+    server_init = getattr(backend.QuicServer.__init__, "__code__", None)
+    routes = getattr(backend.QuicServer.datagram_received, "__code__", None)
+    if server_init is None or routes is None or "_protocols" not in server_init.co_names:
+        raise _mismatch(backend, "QuicServer no longer keeps its connections in _protocols")
+    if "_protocols" not in routes.co_names:
+        raise _mismatch(backend, "QuicServer.datagram_received no longer routes by _protocols")
+    if not hasattr(backend.QuicConfiguration(is_client=False), "connection_id_length"):
+        raise _mismatch(backend, "QuicConfiguration.connection_id_length moved")
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    if name == "aioquic":
+        loss = getattr(quic, "_loss", None)
+        for owner, attr in (
+            (quic, "_max_datagram_size"),
+            (quic, "_streams"),
+            (quic, "_remote_max_streams_uni"),
+            (loss, "_pto_count"),
+            (loss, "_rtt_smoothed"),
+            (getattr(loss, "_pacer", None), "_max_datagram_size"),
+            (getattr(loss, "_cc", None), "_max_datagram_size"),
+        ):
+            if owner is None or not hasattr(owner, attr):
+                raise _mismatch(backend, f"the packet-size/recovery attribute {attr} moved")
+        return
+    if getattr(quic, "_core", 0) is not None:
+        raise _mismatch(backend, "QuicConnection._core is no longer made at connect()")
+    for attr in ("get_send_buffer_size", "receive_many_datagrams", "_tls"):
+        if not hasattr(quic, attr):
+            raise _mismatch(backend, f"QuicConnection.{attr} moved")
+    if not callable(getattr(backend.QuicConnectionProtocol, "datagrams_received", None)):
+        raise _mismatch(backend, "QuicConnectionProtocol.datagrams_received moved")
+    core = importlib.import_module("qh3._hazmat").QuicConnectionCore
+    for attr in ("stream_limits", "smoothed_rtt", "poll_transmit"):
+        if not hasattr(core, attr):
+            raise _mismatch(backend, f"QuicConnectionCore.{attr} moved")
+    qc: Any = importlib.import_module("qh3.quic.connection")
+    code = getattr(getattr(qc.QuicConnection._create_core, "__wrapped__", None), "__code__", None)
+    if code is None or "max_datagram_size" not in code.co_names:
+        raise _mismatch(backend, "the core no longer takes max_datagram_size at connect()")
+
+
+def _check(backend: Backend) -> None:
+    name = backend.name
+    _check_transport_hooks(backend)
     # The adapter drains the engine once per batch of events by overriding this method,
     # which the library calls after each datagram and timer, before transmitting.
     if not callable(getattr(backend.QuicConnectionProtocol, "_process_events", None)):
-        raise BackendMismatch(
-            f"{name} {backend.version}: QuicConnectionProtocol._process_events moved"
-        )
+        raise _mismatch(backend, "QuicConnectionProtocol._process_events moved")
     if name == "aioquic":
         cfg = backend.QuicConfiguration(is_client=True)
         quic = backend.QuicConnection(configuration=cfg)
         for attr in ("_local_max_streams_uni", "_local_max_streams_bidi"):
             limit = getattr(quic, attr, None)
             if limit is None or not hasattr(limit, "value") or not hasattr(limit, "sent"):
-                raise BackendMismatch(f"aioquic {backend.version}: QuicConnection.{attr} moved")
+                raise _mismatch(backend, f"QuicConnection.{attr} moved")
         pacer = getattr(getattr(quic, "_loss", None), "_pacer", None)
         if pacer is None or not hasattr(pacer, "packet_time"):
-            raise BackendMismatch(f"aioquic {backend.version}: the pacer moved")
+            raise _mismatch(backend, "the pacer moved")
         if not hasattr(quic, "_remote_max_datagram_frame_size"):
-            raise BackendMismatch(f"aioquic {backend.version}: datagram limit moved")
+            raise _mismatch(backend, "datagram limit moved")
         # 0-RTT: the adapter asks whether the 0-RTT send keys are in place (quic.py).
         quic.connect(("127.0.0.1", 9), now=0.0)
         early = getattr(quic, "_cryptos", {}).get(
             importlib.import_module("aioquic.tls").Epoch.ZERO_RTT
         )
         if early is None or not callable(getattr(getattr(early, "send", None), "is_valid", None)):
-            raise BackendMismatch(f"aioquic {backend.version}: the 0-RTT keys moved")
+            raise _mismatch(backend, "the 0-RTT keys moved")
     else:
         qc: Any = importlib.import_module("qh3.quic.connection")
         tb: Any = importlib.import_module("qh3.quic.tls_bridge")
         if not getattr(qc, "_aqueduct_hooked", False):
-            raise BackendMismatch("qh3 hooks are not installed")
+            raise _mismatch(backend, "its private hooks are not installed")
         if not hasattr(tb, "push_quic_transport_parameters"):
-            raise BackendMismatch(f"qh3 {backend.version}: transport parameters moved")
+            raise _mismatch(backend, "transport parameters moved")
         if getattr(qc, "_pull_quic_header", None) is not _padded_header_hook:
-            raise BackendMismatch(f"qh3 {backend.version}: QuicConnection's header parser moved")
+            raise _mismatch(backend, "QuicConnection's header parser moved")
         quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
         for attr in (
             "_core",
@@ -127,7 +186,7 @@ def check(name: str) -> None:
             "_early_data_attempted",  # 0-RTT keys in place (quic.py)
         ):
             if not hasattr(quic, attr):
-                raise BackendMismatch(f"qh3 {backend.version}: QuicConnection.{attr} moved")
+                raise _mismatch(backend, f"QuicConnection.{attr} moved")
 
 
 # -- stream limits and client packet size ------------------------------------------------
@@ -201,6 +260,7 @@ def _install_qh3_hooks() -> None:
         finally:
             _current.core = None
 
+    create_core.__wrapped__ = original_create_core  # type: ignore[attr-defined]
     tb.push_quic_transport_parameters = push
     tb.QuicTlsBridge.serialize_transport_parameters = serialize
     qc.QuicConnectionCore = core

@@ -8,6 +8,7 @@ misbehaving raw QUIC peer, TLS, and the private backend hooks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -259,6 +260,30 @@ def test_tls_modes(backend: str, tmp_path: Path) -> None:
 def test_private_backend_hooks_still_match_the_library(backend: str) -> None:
     """Fails loudly if an upgrade of aioquic or qh3 moved what the adapter reaches into."""
     backend_hooks.check(backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_library_whose_internals_moved_is_refused_with_a_clear_message(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade that renames what the packet-size code writes (aioquic) or drops the
+    batched receive (qh3) fails at load, naming the version and the fix."""
+    loaded = backend_hooks.load(backend)
+    if backend == "aioquic":
+        real = loaded.QuicConnection
+
+        class Moved(real):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                del self._loss._pacer._max_datagram_size
+
+        loaded = dataclasses.replace(loaded, QuicConnection=Moved)
+    else:
+        monkeypatch.delattr(loaded.QuicConnectionProtocol, "datagrams_received")
+    with pytest.raises(backend_hooks.BackendMismatch) as info:
+        backend_hooks._check(loaded)
+    message = str(info.value)
+    assert loaded.version in message and "pip install" in message, message
 
 
 def test_many_channels_need_raised_stream_limits() -> None:

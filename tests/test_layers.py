@@ -54,7 +54,6 @@ MAX_LINES = 600  # a module a newcomer can read in one sitting
 KNOWN_LARGE: set[str] = {  # being split (issue 16); the list only shrinks
     "aqueduct_core.engine.connection",
     "aqueduct_core.transport.mux",
-    "aqueduct_spark.client",
     "aqueduct_spark.service.cli",
     "aqueduct_spark.service.server",
     "aqueduct_spark.service.staging",

@@ -1,0 +1,35 @@
+"""Python client of the dataset service, usable without Spark (and used by it).
+
+:class:`AsyncClient` is the asyncio client. :class:`Client` is the blocking facade: one
+event-loop thread per process runs every connection (the anyio "blocking portal" shape),
+so Spark's synchronous ``read()``/``write()`` and plain scripts share a connection pool.
+
+Reads, plans and other idempotent requests are retried with exponential backoff when the
+connection is lost; a scan resumes where it stopped (a scan of a pinned version is
+deterministic, so the batches already delivered are skipped). Writes are not retried here:
+the Spark job retries the task, and only committed staged files ever become visible.
+
+The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service addresses),
+``models`` (what answers carry), ``session`` (the connection and requests), ``reads``,
+``writes`` and ``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), and
+``blocking`` (:class:`Client`, the loop thread and the pool).
+"""
+
+from aqueduct_spark.client.aio import AsyncClient
+from aqueduct_spark.client.blocking import Client
+from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
+from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
+from aqueduct_spark.client.urls import DEFAULT_PORT, parse_url
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_PORT",
+    "AsyncClient",
+    "Client",
+    "ClientConfig",
+    "DatasetDescription",
+    "Plan",
+    "Transaction",
+    "parse_url",
+    "to_wire_filters",
+]

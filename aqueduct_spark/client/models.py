@@ -1,0 +1,85 @@
+"""What the service answers with, as values: descriptions, plans, transactions; and the
+filter form requests carry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from aqueduct_spark import protocol as P
+
+
+@dataclass(frozen=True)
+class DatasetDescription:
+    name: str
+    version: int
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    rows: int
+    bytes: int
+    files: int
+    created: Any = None
+    updated: Any = None
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> DatasetDescription:
+        return cls(
+            d["name"],
+            d["version"],
+            P.schema_from_bytes(d["schema"]),
+            tuple(d.get("partition_by") or ()),
+            d["rows"],
+            d["bytes"],
+            d.get("files", 0),
+            d.get("created"),
+            d.get("updated"),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Splits of one pinned version; each split is scanned independently."""
+
+    dataset: str
+    version: int
+    schema: pa.Schema
+    splits: list[dict[str, Any]]
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """A write in progress: tasks stage data under ``txn``; one commit publishes it."""
+
+    dataset: str
+    txn: str
+    mode: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    base_version: int | None
+
+
+def to_wire_filters(filters: Any) -> list[Any] | None:
+    """Accept pyarrow-style ``[(column, op, value), ...]`` (AND) or the wire form."""
+    if filters is None:
+        return None
+    out: list[Any] = []
+    for f in filters:
+        if isinstance(f, tuple) and len(f) in (2, 3) and isinstance(f[0], str):
+            column, op = f[0], f[1]
+            path = column.split(".") if isinstance(column, str) else list(column)
+            if op in P.UNARY_OPS:
+                out.append([op, path])
+            else:
+                value = list(f[2]) if op in ("in", "not in") and len(f) == 3 else f[2]
+                if op == "not in":
+                    out.append([P.NOT, ["in", path, value]])
+                else:
+                    out.append([{"=": "=="}.get(op, op), path, value])
+        else:
+            out.append(f)
+    return out

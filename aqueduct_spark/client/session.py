@@ -1,0 +1,130 @@
+"""One connection to a dataset service, opened on first use and reopened after it is lost,
+and the request/reply exchange over it (with retries for idempotent requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aqueduct_core.api import Connection, oneshot
+from aqueduct_core.errors import ConnectionLost
+from aqueduct_core.transport import connect
+from aqueduct_spark import protocol as P
+from aqueduct_spark.client.config import ClientConfig
+from aqueduct_spark.client.urls import parse_url
+
+log = logging.getLogger("aqueduct.client")
+T = TypeVar("T")
+
+
+def _is_connection_failure(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionLost | ConnectionError | OSError | asyncio.TimeoutError)
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait when the service refused a request for now (``UNAVAILABLE`` with a
+    ``retry_after`` detail: a per-connection limit was reached); None for other errors."""
+    if isinstance(exc, P.Unavailable):
+        after = exc.details.get("retry_after")
+        if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
+            return float(after)
+    return None
+
+
+class Session:
+    """An asyncio client's connection to one dataset service, and its requests."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._endpoints = parse_url(config.url)
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def _connection(self) -> Connection:
+        conn = self._conn
+        if conn is not None and not conn.is_closed:
+            return conn
+        async with self._lock:
+            if self._conn is not None and not self._conn.is_closed:
+                return self._conn
+            headers: list[tuple[bytes, bytes]] = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
+            if self.config.token:
+                headers.append((P.H_TOKEN, self.config.token.encode()))
+            errors = []
+            for host, port in self._endpoints:
+                try:
+                    self._conn = await connect(
+                        host,
+                        port,
+                        headers=headers,
+                        tls=self.config.tls,
+                        config=self.config.transport,
+                    )
+                    return self._conn
+                except (ConnectionLost, OSError) as exc:
+                    errors.append(str(exc))
+            raise ConnectionLost("cannot reach the dataset service: " + "; ".join(errors)) from None
+
+    def _drop_connection(self, conn: Connection) -> None:
+        """Forget ``conn`` and close it in the background: requests waiting on it fail now
+        (and retry on a new one) instead of at its idle timeout."""
+        if self._conn is conn:
+            self._conn = None
+        closing = asyncio.ensure_future(_close_quietly(conn))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        if self._conn is not None and not self._conn.is_closed:
+            self._conn.entrypoint.finish()
+            await self._conn.close()
+        self._conn = None
+
+    @property
+    def transport(self) -> str | None:
+        """What carries the current connection (``quic`` or ``tcp``); None before one."""
+        conn = self._conn
+        return conn.transport if conn is not None else None
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        delay = self.config.retry_backoff
+        for n in range(self.config.retries + 1):
+            try:
+                return await attempt()
+            except BaseException as exc:
+                if not _is_connection_failure(exc) or n == self.config.retries:
+                    raise
+                log.warning("connection to the dataset service lost (%s); retrying", exc)
+                self._conn = None
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _call_once(self, op: str, fields: dict[str, Any]) -> Any:
+        conn = await self._connection()
+        reply, answer = oneshot()
+        await conn.entrypoint.send({"op": op, **fields, "reply": reply})
+        try:
+            result = await asyncio.wait_for(answer, self.config.timeout)
+        except TimeoutError:
+            answer.close()
+            raise P.Unavailable(f"no answer to {op!r} within {self.config.timeout} s") from None
+        return P.unwrap(result)
+
+    async def call(self, op: str, *, idempotent: bool = True, **fields: Any) -> Any:
+        """Send one request and return its result (raises the service's error)."""
+        if idempotent:
+            return await self._retrying(lambda: self._call_once(op, fields))
+        return await self._call_once(op, fields)
+
+
+async def _close_quietly(conn: Connection) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.close(), 5.0)

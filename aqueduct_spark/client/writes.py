@@ -1,0 +1,204 @@
+"""Writing: begin a transaction, stage data from any number of tasks, commit it once (or
+abort it); and ``write``, which does all of that for one table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from aqueduct_core.api import channel, oneshot
+from aqueduct_core.errors import AqueductError, ChannelError
+from aqueduct_spark import protocol as P
+from aqueduct_spark.client.models import Transaction
+from aqueduct_spark.client.session import Session
+
+
+class Writes(Session):
+    """The write side of :class:`~aqueduct_spark.client.AsyncClient`."""
+
+    async def begin(
+        self,
+        name: str,
+        schema: pa.Schema,
+        *,
+        mode: str = "append",
+        partition_by: Sequence[str] = (),
+        overwrite_schema: bool = False,
+    ) -> Transaction:
+        r = await self.call(
+            "begin",
+            dataset=name,
+            mode=mode,
+            schema=P.schema_to_bytes(schema),
+            partition_by=list(partition_by),
+            overwrite_schema=overwrite_schema,
+        )
+        return Transaction(
+            name,
+            r["txn"],
+            mode,
+            P.schema_from_bytes(r["schema"]),
+            tuple(r["partition_by"]),
+            r["version"],
+        )
+
+    async def write_task(
+        self,
+        txn: Transaction,
+        batches: Iterable[pa.RecordBatch] | AsyncIterator[pa.RecordBatch],
+        *,
+        task: str | None = None,
+    ) -> dict[str, Any]:
+        """Stage ``batches`` under ``txn``; returns what was staged (pass it to commit).
+        Nothing is visible until the commit."""
+        conn = await self._connection()
+        target = txn.schema
+        tx, rx = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(target))], codec="raw")
+        reply, answer = oneshot()
+        await conn.entrypoint.send(
+            {
+                "op": "write",
+                "dataset": txn.dataset,
+                "txn": txn.txn,
+                "task": task or uuid.uuid4().hex[:12],
+                "partition_by": list(txn.partition_by),
+                "data": rx,
+                "reply": reply,
+            }
+        )
+        options = P.ipc_options(self.config.compression)
+        seq = 0
+        try:
+            async for batch in _aiter(batches):
+                batch = _conform(batch, target)
+                for piece in _slices(batch, self.config.chunk_bytes):
+                    await tx.send(
+                        P.batch_to_payload(piece, options),
+                        headers=[P.batch_header(piece.num_rows, seq)],
+                    )
+                    seq += 1
+        except ChannelError:
+            tx.cancel()
+            # The service refused the data: its answer says why.
+            raise_from_reply = await _answer_or_none(answer, self.config.timeout)
+            if raise_from_reply is not None:
+                P.unwrap(raise_from_reply)
+            raise
+        except BaseException:
+            tx.cancel()
+            answer.close()
+            raise
+        tx.finish()
+        result = await asyncio.wait_for(answer, None)
+        return dict(P.unwrap(result))
+
+    async def commit(
+        self,
+        txn: Transaction,
+        staged: Iterable[Mapping[str, Any]],
+        *,
+        app_id: str | None = None,
+        app_version: int | None = None,
+        overwrite_schema: bool = False,
+    ) -> dict[str, Any]:
+        """Publish every staged file of ``txn`` in one atomic commit. With ``app_id`` and
+        ``app_version`` a repeated commit is a no-op (``committed`` is False)."""
+        files = [f for task in staged for f in task["staged"]]
+        fields = dict(
+            dataset=txn.dataset,
+            mode=txn.mode,
+            schema=P.schema_to_bytes(txn.schema),
+            partition_by=list(txn.partition_by),
+            staged=files,
+            app_id=app_id,
+            app_version=app_version,
+            overwrite_schema=overwrite_schema,
+            # WriteSerializable: an overwrite replaces the version it began at, so appends
+            # committed meanwhile are kept (-1: the dataset did not exist then)
+            replaces=None
+            if txn.mode != "overwrite"
+            else (-1 if txn.base_version is None else txn.base_version),
+        )
+        return dict(await self.call("commit", idempotent=app_id is not None, **fields))
+
+    async def abort(self, txn: Transaction, staged: Iterable[Mapping[str, Any]] = ()) -> int:
+        files = [f for task in staged for f in task["staged"]]
+        r = await self.call("abort", dataset=txn.dataset, txn=txn.txn, staged=files)
+        return int(r["removed"])
+
+    async def write(
+        self,
+        name: str,
+        data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
+        *,
+        mode: str = "append",
+        partition_by: Sequence[str] = (),
+        app_id: str | None = None,
+        app_version: int | None = None,
+    ) -> dict[str, Any]:
+        """Write a table in one transaction (staged, then committed)."""
+        if isinstance(data, pa.Table):
+            schema, batches = data.schema, data.to_batches()
+        elif isinstance(data, pa.RecordBatch):
+            schema, batches = data.schema, [data]
+        else:
+            batches = list(data)
+            if not batches:
+                raise ValueError("no batches to write")
+            schema = batches[0].schema
+        txn = await self.begin(name, schema, mode=mode, partition_by=partition_by)
+        try:
+            staged = await self.write_task(txn, batches)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.abort(txn)
+            raise
+        return await self.commit(txn, [staged], app_id=app_id, app_version=app_version)
+
+    async def append(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
+        return await self.write(name, data, mode="append", **kw)
+
+    async def overwrite(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
+        return await self.write(name, data, mode="overwrite", **kw)
+
+
+async def _answer_or_none(answer: Any, timeout: float) -> Any:
+    try:
+        return await asyncio.wait_for(answer, timeout)
+    except (TimeoutError, AqueductError):
+        return None
+
+
+async def _aiter(items: Any) -> AsyncIterator[Any]:
+    if hasattr(items, "__aiter__"):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema.equals(schema, check_metadata=False):
+        return batch
+    try:
+        return batch.select(schema.names).cast(schema)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise P.SchemaMismatch(
+            f"this data does not match the dataset's schema: {exc}. Dataset schema: {schema}"
+        ) from exc
+
+
+def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
+    size = batch.nbytes
+    if size <= limit or batch.num_rows <= 1:
+        yield batch
+        return
+    rows = max(1, batch.num_rows * limit // size)
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)

@@ -245,16 +245,22 @@ async def search(transport: Any, addr: Any, start: int, limit: int) -> int | Non
         answered.add(size)
         event.set()
 
+    rtt: list[float] = []
+
     async def round_trip(sizes: list[int]) -> None:
+        """Probe ``sizes``; wait for the first answer (at most PROBE_WAIT, or, once a round
+        trip is known, twice it), then twice its round trip for the others. A size the
+        first hop refuses (EMSGSIZE) is lost at once and not waited for."""
         sent = loop.time()
-        for size in sizes:
-            transport.send_probe(encode_probe(PROBE_ASK, nonce, size), addr)
-        end = sent + PROBE_WAIT
-        settled = False
-        while any(size not in answered for size in sizes):
+        waiting = [
+            s for s in sizes if transport.send_probe(encode_probe(PROBE_ASK, nonce, s), addr)
+        ]
+        end = sent + (2 * rtt[0] + PROBE_SETTLE if rtt else PROBE_WAIT)
+        while any(size not in answered for size in waiting):
             now = loop.time()
-            if not settled and any(size in answered for size in sizes):
-                settled, end = True, now + 2 * (now - sent) + PROBE_SETTLE
+            if not rtt and any(size in answered for size in waiting):
+                rtt.append(now - sent)
+                end = now + 2 * rtt[0] + PROBE_SETTLE
             if now >= end:
                 return
             event.clear()

@@ -371,12 +371,16 @@ class UdpTransport(asyncio.DatagramTransport):
         """Find the packet size of the path to ``addr`` (a coroutine: ``pmtu.search``)."""
         return pmtu.search(self, addr, start, limit)
 
-    def send_probe(self, data: bytes, addr: Address) -> None:
+    def send_probe(self, data: bytes, addr: Address) -> bool:
+        """Send one probe datagram; False if it could not leave (EMSGSIZE: larger than the
+        first hop carries; or a full socket buffer): that probe is lost."""
         try:
             self._sock.sendto(data, addr)
-        except OSError as exc:  # EMSGSIZE: larger than the first hop: that probe is lost
+        except OSError as exc:
             if exc.errno not in (errno.EMSGSIZE, errno.EAGAIN, errno.EWOULDBLOCK):
                 log.debug("path probe to %s not sent: %s", addr, exc)
+            return False
+        return True
 
     def _probe_received(self, data: bytes, addr: Address) -> None:
         probe = pmtu.decode_probe(data)

@@ -150,7 +150,7 @@ async def _pair(answer: bool) -> tuple[Any, Any]:
         transport, _ = await create_endpoint(loop, asyncio.DatagramProtocol, sock=sock)
         ends.append(transport)
     if not answer:
-        ends[1].send_probe = lambda data, addr: None  # a peer that ignores probes
+        ends[1].send_probe = lambda data, addr: True  # a peer that ignores probes
     return ends[0], ends[1]
 
 
@@ -180,6 +180,27 @@ async def _search_unanswered() -> None:
     try:
         found = await client.probe_path(server.get_extra_info("sockname"), 1472, 16384)
         assert found is None and not server.path_sizes
+    finally:
+        client.close()
+        server.close()
+
+
+def test_sizes_the_first_hop_refuses_cost_no_waiting() -> None:
+    """A 9000-byte link: probes above it fail at once (EMSGSIZE); the search neither waits
+    for them nor for a second round of sizes that all fail so."""
+    asyncio.run(asyncio.wait_for(_search_jumbo(), 10))
+
+
+async def _search_jumbo() -> None:
+    client, server = await _pair(answer=True)
+    real = client.send_probe
+    client.send_probe = lambda data, addr: len(data) <= 8972 and real(data, addr)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        found = await client.probe_path(server.get_extra_info("sockname"), 1472, 65507)
+        assert found == 8972
+        assert loop.time() - started < pmtu.PROBE_WAIT / 2
     finally:
         client.close()
         server.close()

@@ -19,7 +19,7 @@ from aqueduct_spark.client.aio import AsyncClient
 from aqueduct_spark.client.blocking import Client
 from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
 from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
-from aqueduct_spark.client.urls import DEFAULT_PORT, parse_url
+from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
 
 __all__ = [
     "CHUNK_BYTES",
@@ -28,8 +28,10 @@ __all__ = [
     "Client",
     "ClientConfig",
     "DatasetDescription",
+    "Endpoint",
     "Plan",
     "Transaction",
+    "parse_endpoints",
     "parse_url",
     "to_wire_filters",
 ]

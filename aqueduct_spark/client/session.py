@@ -15,7 +15,7 @@ from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import connect
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
-from aqueduct_spark.client.urls import parse_url
+from aqueduct_spark.client.urls import parse_endpoints
 
 log = logging.getLogger("aqueduct.client")
 T = TypeVar("T")
@@ -40,7 +40,7 @@ class Session:
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
-        self._endpoints = parse_url(config.url)
+        self._endpoints = parse_endpoints(config.url)
         self._conn: Connection | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Future[None]] = set()
@@ -56,11 +56,12 @@ class Session:
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
             errors = []
-            for host, port in self._endpoints:
+            for endpoint in self._endpoints:
                 try:
                     self._conn = await connect(
-                        host,
-                        port,
+                        endpoint.host,
+                        endpoint.port,
+                        transport=endpoint.transport,
                         headers=headers,
                         tls=self.config.tls,
                         config=self.config.transport,

@@ -13,8 +13,10 @@ and the DEQUEUED deltas (§3.2 item 5) well defined.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
+from aqueduct_core.engine.config import EngineConfig
 from aqueduct_core.engine.events import Terminal
 from aqueduct_core.engine.rangeset import RangeSet
 from aqueduct_core.errors import CloseCode, RemoteProtocolError
@@ -30,12 +32,27 @@ from aqueduct_core.wire.frames import (
 )
 from aqueduct_core.wire.primitives import MAX_U64
 
-if TYPE_CHECKING:
-    from aqueduct_core.engine.connection import Connection
+
+class ReceiverHost(Protocol):
+    """What a receiver state machine uses of its connection (:class:`~.connection.Connection`
+    is the one implementation; the machine never imports it)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def now(self) -> float: ...
+    @property
+    def own_window(self) -> int | None: ...
+    def unreliable_deadline(self) -> float: ...
+    def schedule(self, delay: float, callback: Callable[[], None]) -> None: ...
+    def schedule_at(self, when: float, callback: Callable[[], None]) -> None: ...
+    def ctrl_write(self, sm: ReceiverSM, data: bytes, fin: bool = False) -> None: ...
+    def message_arrived(self, rm: ReceiverSM, frame: Message) -> int: ...
+    def receiver_closed(self, rm: ReceiverSM, terminal: Terminal) -> None: ...
 
 
 class ReceiverSM:
-    def __init__(self, conn: Connection, chanid: int, oneshot: bool) -> None:
+    def __init__(self, conn: ReceiverHost, chanid: int, oneshot: bool) -> None:
         self.conn = conn
         self.chanid = chanid
         self.oneshot = oneshot

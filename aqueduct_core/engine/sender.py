@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from aqueduct_core.engine.config import EngineConfig
+from aqueduct_core.engine.lineage import Lineage
 from aqueduct_core.engine.rangeset import RangeSet
 from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError, WouldBlock
 from aqueduct_core.wire import ranges as wr
@@ -33,9 +36,6 @@ from aqueduct_core.wire.frames import (
     message_parts,
 )
 from aqueduct_core.wire.primitives import Headers
-
-if TYPE_CHECKING:
-    from aqueduct_core.engine.connection import Connection
 
 SMALL_WRITE = 16 * 1024
 """Payloads up to this size are joined with their frame head into one write."""
@@ -79,8 +79,35 @@ class Outgoing:
     children: list[int]
 
 
+class SenderHost(Protocol):
+    """What a sender state machine uses of its connection (:class:`~.connection.Connection`
+    is the one implementation; the machine never imports it)."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+    @property
+    def lineage(self) -> Lineage: ...
+    @property
+    def can_send_data(self) -> bool: ...
+    @property
+    def peer_window(self) -> int | None: ...
+    @property
+    def max_datagram(self) -> int: ...
+    def transport_ready(self) -> bool: ...
+    def block_sender(self, sm: SenderSM) -> None: ...
+    def sender_ready(self, chanid: int) -> None: ...
+    def seq_prefix(self, chanid: int) -> bytes: ...
+    def route_sent(self, chanid: int) -> None: ...
+    def open_stream(self) -> int: ...
+    def write(self, stream_id: int, data: Payload, fin: bool = False) -> None: ...
+    def ctrl_write(self, sm: SenderSM, data: bytes, fin: bool = False) -> None: ...
+    def reset(self, stream_id: int) -> None: ...
+    def send_datagram(self, data: bytes) -> None: ...
+    def schedule(self, delay: float, callback: Callable[[], None]) -> None: ...
+
+
 class SenderSM:
-    def __init__(self, conn: Connection, chanid: int, oneshot: bool) -> None:
+    def __init__(self, conn: SenderHost, chanid: int, oneshot: bool) -> None:
         self.conn = conn
         self.chanid = chanid
         self.oneshot = oneshot

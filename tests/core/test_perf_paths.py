@@ -171,3 +171,24 @@ def test_private_hooks_match_the_installed_libraries(backend: str) -> None:
     """The adapter now also overrides ``QuicConnectionProtocol._process_events``;
     ``backends.check`` verifies it with the other private hooks."""
     check(backend)
+
+
+@pytest.mark.parametrize("pacing", [True, False])
+def test_aioquic_paces_in_bursts_of_one_gso_send_or_not_at_all(pacing: bool) -> None:
+    """With pacing on, aioquic's pacer lets a GSO send's worth of packets (64) leave back to
+    back, at the library's average rate; off, it never holds a packet back."""
+    from aqueduct_core.transport.backends import PACING_BURST, apply_aioquic, load
+
+    backend = load("aioquic")
+    quic = backend.QuicConnection(configuration=backend.QuicConfiguration(is_client=True))
+    apply_aioquic(quic, pacing)
+    pacer, size = quic._loss._pacer, 1472
+    pacer._max_datagram_size = size
+    pacer.update_rate(congestion_window=1000 * size, smoothed_rtt=0.001)
+    if not pacing:
+        assert pacer.packet_time is None
+        return
+    assert pacer.packet_time == pytest.approx(0.001 / 1000)
+    assert pacer.bucket_max == pytest.approx(PACING_BURST * pacer.packet_time)
+    pacer.update_rate(congestion_window=32 * size, smoothed_rtt=0.001)  # a small window
+    assert pacer.bucket_max == pytest.approx(8 * pacer.packet_time), "a quarter window"

@@ -281,6 +281,7 @@ ERROR_MODULES = (
     "aqueduct_core.transport.quic",
     "aqueduct_core.transport.backends",
     "aqueduct_spark.protocol",
+    "aqueduct_spark.client.failures",
     "aqueduct_spark.options",
     "aqueduct_spark.service.store",
     "aqueduct_spark.service.model",

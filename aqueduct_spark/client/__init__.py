@@ -10,7 +10,8 @@ deterministic, so the batches already delivered are skipped). Writes are not ret
 the Spark job retries the task, and only committed staged files ever become visible.
 
 The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service addresses),
-``models`` (what answers carry), ``session`` (the connection and requests), ``reads``,
+``models`` (what answers carry), ``failures`` (which can heal) and ``retry`` (the one retry
+policy), ``session`` (the connection and requests), ``reads``,
 ``writes`` and ``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), and
 ``blocking`` (:class:`Client`, the loop thread and the pool).
 """
@@ -18,18 +19,22 @@ The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service ad
 from aqueduct_spark.client.aio import AsyncClient
 from aqueduct_spark.client.blocking import Client
 from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
+from aqueduct_spark.client.failures import CannotConnect
 from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
+from aqueduct_spark.client.retry import RetryPolicy
 from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
 
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_PORT",
     "AsyncClient",
+    "CannotConnect",
     "Client",
     "ClientConfig",
     "DatasetDescription",
     "Endpoint",
     "Plan",
+    "RetryPolicy",
     "Transaction",
     "parse_endpoints",
     "parse_url",

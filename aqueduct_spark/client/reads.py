@@ -4,7 +4,6 @@ read a whole dataset."""
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -14,8 +13,10 @@ import pyarrow as pa
 from aqueduct_core.api import channel
 from aqueduct_core.errors import EndOfChannel
 from aqueduct_spark import protocol as P
+from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.models import Plan, to_wire_filters
-from aqueduct_spark.client.session import Session, _is_connection_failure, _retry_after, log
+from aqueduct_spark.client.retry import Retrying, RetryPolicy
+from aqueduct_spark.client.session import Session, log
 
 
 class Reads(Session):
@@ -61,9 +62,7 @@ class Reads(Session):
         """Stream one split's batches, cast by the service to ``schema``. Resumes after a
         lost connection without repeating or skipping a batch."""
         delivered = 0
-        delay = self.config.retry_backoff
-        failures = 0
-        refused_until = None
+        tries = Retrying(RetryPolicy.of(self.config))
         while True:
             try:
                 async for batch in self._scan_once(
@@ -73,23 +72,16 @@ class Reads(Session):
                     yield batch
                 return
             except BaseException as exc:
-                after = _retry_after(exc)
-                if after is not None:
-                    # Refused for now: too many scans open on this connection. Nothing was
-                    # read, and the connection is fine; wait a turn, for up to ``timeout``.
-                    now = asyncio.get_running_loop().time()
-                    refused_until = refused_until or now + self.config.timeout
-                    if now + after > refused_until:
-                        raise
-                    await asyncio.sleep(after * (1 + random.random()))
-                    continue
-                if not _is_connection_failure(exc) or failures >= self.config.retries:
+                # Refused for now (too many scans open on this connection: nothing was read,
+                # the connection is fine) waits as the service asks, for up to ``timeout``;
+                # a lost connection resumes on a new one, up to ``retries`` times in all.
+                pause = tries.delay(exc)
+                if pause is None:
                     raise
-                failures += 1
-                log.warning("scan interrupted (%s); resuming after batch %d", exc, delivered)
-                self._conn = None
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay *= 2
+                if classify(exc) is Kind.TRANSIENT:
+                    log.warning("scan interrupted (%s); resuming after batch %d", exc, delivered)
+                    self._forget_failed(exc)
+                await asyncio.sleep(pause)
 
     async def _scan_once(
         self,

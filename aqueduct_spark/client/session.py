@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -15,24 +14,12 @@ from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import connect
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
+from aqueduct_spark.client.failures import CannotConnect, Kind, classify, connect_problem
+from aqueduct_spark.client.retry import Retrying, RetryPolicy
 from aqueduct_spark.client.urls import parse_endpoints
 
 log = logging.getLogger("aqueduct.client")
 T = TypeVar("T")
-
-
-def _is_connection_failure(exc: BaseException) -> bool:
-    return isinstance(exc, ConnectionLost | ConnectionError | OSError | asyncio.TimeoutError)
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    """Seconds to wait when the service refused a request for now (``UNAVAILABLE`` with a
-    ``retry_after`` detail: a per-connection limit was reached); None for other errors."""
-    if isinstance(exc, P.Unavailable):
-        after = exc.details.get("retry_after")
-        if isinstance(after, int | float) and not isinstance(after, bool) and after >= 0:
-            return float(after)
-    return None
 
 
 class Session:
@@ -55,7 +42,9 @@ class Session:
             headers: list[tuple[bytes, bytes]] = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
-            errors = []
+            lost: list[str] = []  # failures that may heal (the service may come back)
+            wrong: list[str] = []  # failures that cannot, as configured
+            first: BaseException | None = None
             for endpoint in self._endpoints:
                 try:
                     self._conn = await connect(
@@ -68,8 +57,19 @@ class Session:
                     )
                     return self._conn
                 except (ConnectionLost, OSError) as exc:
-                    errors.append(str(exc))
-            raise ConnectionLost("cannot reach the dataset service: " + "; ".join(errors)) from None
+                    problem = await connect_problem(endpoint, exc)
+                    if problem is None:
+                        lost.append(str(exc))
+                    else:
+                        wrong.append(f"{endpoint}: {problem}")
+                        first = first or exc
+            if not lost:
+                raise CannotConnect(
+                    "cannot connect to the dataset service at " + "; ".join(wrong)
+                ) from first
+            raise ConnectionLost(
+                "cannot reach the dataset service: " + "; ".join(lost + wrong)
+            ) from None
 
     def _drop_connection(self, conn: Connection) -> None:
         """Forget ``conn`` and close it in the background: requests waiting on it fail now
@@ -95,18 +95,22 @@ class Session:
     # -- requests ---------------------------------------------------------------------
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
-        delay = self.config.retry_backoff
-        for n in range(self.config.retries + 1):
+        tries = Retrying(RetryPolicy.of(self.config))
+        while True:
             try:
                 return await attempt()
             except BaseException as exc:
-                if not _is_connection_failure(exc) or n == self.config.retries:
+                pause = tries.delay(exc)
+                if pause is None:
                     raise
-                log.warning("connection to the dataset service lost (%s); retrying", exc)
-                self._conn = None
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay *= 2
-        raise AssertionError("unreachable")
+                log.warning("request to the dataset service failed (%s); retrying", exc)
+                self._forget_failed(exc)
+                await asyncio.sleep(pause)
+
+    def _forget_failed(self, exc: BaseException) -> None:
+        """After a connection failure, the next attempt opens a new connection."""
+        if classify(exc) is Kind.TRANSIENT:
+            self._conn = None
 
     async def _call_once(self, op: str, fields: dict[str, Any]) -> Any:
         conn = await self._connection()

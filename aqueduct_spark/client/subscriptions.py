@@ -4,7 +4,6 @@ across lost connections and a service that went away without a word."""
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Mapping
 
 import cbor2
@@ -12,7 +11,8 @@ import cbor2
 from aqueduct_core.api import channel
 from aqueduct_core.errors import EndOfChannel
 from aqueduct_spark import protocol as P
-from aqueduct_spark.client.session import Session, _is_connection_failure, log
+from aqueduct_spark.client.retry import Retrying, RetryPolicy
+from aqueduct_spark.client.session import Session, log
 
 
 class Subscriptions(Session):
@@ -30,8 +30,9 @@ class Subscriptions(Session):
         The service re-sends the latest version as a heartbeat when nothing happened for a
         while (it says how often in each note): a subscription that hears nothing for three
         heartbeats is treated as dead (the service went away without a word, e.g. killed or
-        restarted) and reconnects over a new connection."""
-        delay = self.config.retry_backoff
+        restarted) and reconnects over a new connection. A failure that cannot heal (see
+        :mod:`~aqueduct_spark.client.failures`) ends it with that error."""
+        tries = Retrying(RetryPolicy.of(self.config).watching())
         while True:
             alive = False
             try:
@@ -64,17 +65,23 @@ class Subscriptions(Session):
                                 alive = True
                                 on_state(True)
                             on_version(note["version"])
-                            delay = self.config.retry_backoff
+                            tries.reset()
                 finally:
                     rx.close()
             except asyncio.CancelledError:
                 on_state(False)
                 raise
-            except Exception as exc:  # anything else: report, back off, subscribe again
+            except Exception as exc:  # report, back off, subscribe again (if it can heal)
+                pause = tries.delay(exc)
+                if pause is None:
+                    log.warning("subscription to %s failed: %s", name, exc)
+                    if alive:
+                        on_state(False)
+                    raise
                 log.info("subscription to %s interrupted (%s); retrying", name, exc)
-                if _is_connection_failure(exc):
-                    self._conn = None
+                self._forget_failed(exc)
+            else:
+                pause = tries.backoff()  # the channel ended, or went silent
             if alive:
                 on_state(False)
-            await asyncio.sleep(delay * (1 + random.random()))
-            delay = min(delay * 2, 10.0)
+            await asyncio.sleep(pause)

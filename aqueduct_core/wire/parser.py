@@ -5,8 +5,13 @@ only VERSION, ROUTE_TO and MESSAGE. Any malformed input raises
 :class:`~aqueduct_core.errors.RemoteProtocolError` and nothing else.
 
 The stream parser takes chunks of any size. A MESSAGE whose payload has not fully arrived is
-gathered as a list of references to the incoming chunks and joined once when complete, so a
-payload of megabytes costs one copy, whatever the chunk size (transport-tuning.md).
+gathered into one buffer of the payload's size, allocated when its second piece arrives, and
+each piece is copied straight into it: a payload of megabytes costs one copy, whatever the
+chunk size, and the chunks may be views of a receive buffer the transport reuses
+(transport-tuning.md). Allocating at the second piece, not at the head, lets the receiver
+charge the MESSAGE to its flow-control window first (a peer beyond the window is closed
+before it makes us allocate); ``WireLimits.max_payload_bytes`` bounds it in any case. Such a
+payload is handed out as that ``bytearray``; a payload that arrived in one piece is ``bytes``.
 """
 
 from __future__ import annotations
@@ -27,14 +32,6 @@ from aqueduct_core.wire.frames import (
 from aqueduct_core.wire.primitives import DEFAULT_LIMITS, Truncated, WireLimits
 
 _Chunk = bytes | bytearray | memoryview
-
-
-def _keepable(chunk: _Chunk) -> _Chunk:
-    """``chunk``, or a copy of it if it may change: a caller may reuse a bytearray receive
-    buffer, which would corrupt (or, being exported, refuse to resize) it."""
-    if type(chunk) is bytes or (type(chunk) is memoryview and type(chunk.obj) is bytes):
-        return chunk
-    return bytes(chunk)
 
 
 class _Grammar:
@@ -79,7 +76,11 @@ class StreamParser:
         self._buf = b""
         self.head: MessageHead | None = None
         """The MESSAGE whose payload is being gathered (read-only outside this class)."""
-        self._chunks: list[_Chunk] = []
+        self._first: bytes = b""
+        """The payload's first piece, kept until the second one arrives."""
+        self._payload: bytearray | None = None
+        """The payload buffer being filled (from the second piece on)."""
+        self._filled = 0
         self._need = 0
 
     @property
@@ -109,27 +110,41 @@ class StreamParser:
         """Take ``data`` if it is all payload of the MESSAGE being gathered and does not
         complete it (the common case for a large message: most packets). Returns False,
         taking nothing, otherwise; then :meth:`feed` must be called."""
-        if self.head is None or len(data) >= self._need:
+        n = len(data)
+        if self.head is None or n >= self._need:
             return False
-        self._chunks.append(_keepable(data))
-        self._need -= len(data)
+        self._put(data, n)
         return True
+
+    def _put(self, data: _Chunk, n: int) -> None:
+        """Copy ``n`` bytes of payload into the payload buffer (made on the first call)."""
+        buf = self._payload
+        filled = self._filled
+        if buf is None:
+            assert self.head is not None
+            buf = self._payload = bytearray(self.head.payload_len)
+            filled = len(self._first)
+            buf[:filled] = self._first
+            self._first = b""
+        with memoryview(buf) as into:
+            into[filled : filled + n] = data
+        self._filled = filled + n
+        self._need -= n
 
     def feed(self, data: _Chunk) -> list[Frame]:
         if self.absorb(data):
             return []
         frames: list[Frame] = []
         view = memoryview(data)
-        if self.head is not None:
+        head = self.head
+        if head is not None:
             take = min(self._need, len(view))
-            self._chunks.append(_keepable(view[:take]))
-            self._need -= take
+            self._put(view[:take], take)
             if self._need:
                 return frames
-            head = self.head
-            self.head = None
-            payload = b"".join(self._chunks)
-            self._chunks = []
+            payload = self._payload
+            assert payload is not None
+            self.head, self._payload, self._filled = None, None, 0
             # The grammar was checked when the head arrived.
             frames.append(Message(head.num, head.headers, head.attachments, payload))
             view = view[take:]
@@ -151,7 +166,7 @@ class StreamParser:
                     else:
                         # Payload incomplete: gather it from later chunks without rebuffering.
                         self.head = head
-                        self._chunks = [bytes(view[ppos:end])]
+                        self._first = bytes(view[ppos:end])
                         self._need = stop - end
                         self._buf = b""
                         # Check placement now, not after megabytes of payload have arrived.
@@ -170,7 +185,9 @@ class StreamParser:
         """The stream was reset: drop any partially received frame (§2.1)."""
         self._buf = b""
         self.head = None
-        self._chunks = []
+        self._first = b""
+        self._payload = None
+        self._filled = 0
         self._need = 0
 
     def finish(self) -> None:

@@ -291,6 +291,45 @@ def test_reused_bytearray_chunks_do_not_corrupt_payloads() -> None:
     assert frames == [RouteTo(0), Message(1, payload=bytes(range(64)))]
 
 
+def test_reused_buffer_views_through_absorb_arrive_intact_as_one_buffer() -> None:
+    """The TCP path: views of one reused receive buffer, most taken by ``absorb``. The
+    payload is copied once into a buffer of its size, whatever the pieces."""
+    payload = random.Random(3).randbytes(300_001)
+    wire = ROUTE_0 + encode_frame(Message(2, payload=payload))
+    parser = StreamParser()
+    buf = bytearray(4096)
+    view = memoryview(buf)
+    frames: list[Frame] = []
+    for start in range(0, len(wire), 4096):
+        piece = wire[start : start + 4096]
+        buf[: len(piece)] = piece
+        if not parser.absorb(view[: len(piece)]):
+            frames += parser.feed(view[: len(piece)])
+        buf[:] = b"\xee" * 4096  # the transport reuses its buffer at once
+    parser.finish()
+    assert frames == [RouteTo(0), Message(2, payload=payload)]
+    assert type(frames[1].payload) is bytearray  # gathered: the buffer itself, no join
+
+
+def test_a_large_payload_is_allocated_only_when_it_continues() -> None:
+    """A MESSAGE head promising 48 MiB allocates nothing large until more of the payload
+    arrives: by then the receiver has charged the MESSAGE to its window (a peer beyond the
+    window is closed before it reaches here)."""
+    import tracemalloc
+
+    head = ROUTE_0 + bytes.fromhex("04 00 00 00") + encode_varint(48 << 20)
+    parser = StreamParser()
+    tracemalloc.start()
+    try:
+        parser.feed(head + b"\x01" * 100)
+        assert parser.head is not None
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+        assert parser.absorb(b"\x02" * 100)
+        assert tracemalloc.get_traced_memory()[1] >= 48 << 20
+    finally:
+        tracemalloc.stop()
+
+
 def test_message_placement_error_before_the_payload_arrives() -> None:
     """An unrouted MESSAGE is rejected when its head arrives, not after its megabytes."""
     head = bytes.fromhex("04 00 00 00") + encode_varint(8 * 1024 * 1024)

@@ -40,7 +40,7 @@ def _cpu() -> float:
 def _config(transport: str, tuning: str) -> Any:
     """The TransportConfig for ``tuning`` = "read_buffer,write_high_water,chunk_size"."""
     from aqueduct_core import TransportConfig
-    from aqueduct_core.transport.mux import MuxSettings, TcpSettings
+    from aqueduct_core.transport.mux_wire import MuxSettings, TcpSettings
 
     read, high, chunk = (int(x) for x in tuning.split(","))
     tcp = TcpSettings(read_buffer=read, write_high_water=high, mux=MuxSettings(chunk_size=chunk))

@@ -48,177 +48,40 @@ reason, and ends the connection; after CLOSE has been handed out, the transport 
 
 from __future__ import annotations
 
-import enum
 import os
-import struct
 from collections import deque
-from dataclasses import dataclass
 
-from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError
+from aqueduct_core.errors import CloseCode, LocalProtocolError
+from aqueduct_core.transport.mux_wire import (
+    FLAG_ACK,
+    FLAG_FIN,
+    HEADER,
+    HEADER_SIZE,
+    IDLE_TIMEOUT,
+    MAX_VARINT,
+    STREAM_HEAD,
+    TWO_U64,
+    U64,
+    ConnectionClosed,
+    DatagramReceived,
+    FrameType,
+    MuxEvent,
+    MuxProtocolError,
+    MuxSettings,
+    PeerReady,
+    PeerSettings,
+    Setting,
+    StreamData,
+    StreamReset,
+    check_header,
+    encode_close,
+    encode_frame,
+    encode_settings,
+    parse_settings,
+    protocol_error,
+)
+from aqueduct_core.transport.mux_wire import TcpSettings as TcpSettings  # for transport.config
 from aqueduct_core.wire.frames import Payload
-
-ALPN = "aqueduct-tcp"
-"""The TLS ALPN value of Aqueduct over TCP."""
-
-HEADER = struct.Struct(">BBI")
-"""type (u8), flags (u8), body length (u32), big-endian."""
-HEADER_SIZE = HEADER.size
-_STREAM_HEAD = struct.Struct(">BBIQ")
-_U64 = struct.Struct(">Q")
-_TWO_U64 = struct.Struct(">QQ")
-_SETTING = struct.Struct(">HQ")
-
-MAX_VARINT = (1 << 62) - 1
-"""Largest stream id, credit total and code (as in QUIC)."""
-MIN_FRAME_SIZE = 16384
-"""Every endpoint accepts frame bodies at least this large."""
-MAX_FRAME_SIZE = (1 << 24) - 1
-MAX_SETTINGS_BODY = 640
-"""64 settings; a SETTINGS frame above this is a LIMIT_VIOLATION."""
-MAX_REASON = 1024
-"""Bytes of CLOSE reason sent at most (a longer reason is truncated)."""
-IDLE_TIMEOUT = 6
-"""Close code of Aqueduct over TCP: the peer was silent, or left a PING unanswered, for the
-idle timeout (on QUIC the library closes silently)."""
-
-
-class FrameType(enum.IntEnum):
-    SETTINGS = 0x01
-    STREAM = 0x02
-    RESET = 0x03
-    CREDIT = 0x04
-    DATAGRAM = 0x05
-    PING = 0x06
-    CLOSE = 0x07
-
-
-FLAG_FIN = 0x01
-"""STREAM: the last frame of the stream."""
-FLAG_ACK = 0x01
-"""PING: this is the answer (pong)."""
-
-
-class Setting(enum.IntEnum):
-    MAX_FRAME_SIZE = 0x1
-    INITIAL_STREAM_CREDIT = 0x2
-    MAX_STREAMS = 0x3
-    MAX_DATAGRAM = 0x4
-    IDLE_TIMEOUT_MS = 0x5
-
-
-class MuxProtocolError(RemoteProtocolError):
-    """The peer broke the multiplexing rules; ``code`` is the close code sent to it."""
-
-
-@dataclass(frozen=True)
-class MuxSettings:
-    """Our side of the multiplexer. Sizes in bytes, times in seconds. Each limit is checked
-    against the peer (``docs/protocol-profile.md``, "Aqueduct over TCP")."""
-
-    max_frame_size: int = 1024 * 1024
-    """Largest frame body we accept (STREAM: id plus data). A larger frame: LIMIT_VIOLATION."""
-    initial_stream_credit: int = 16 * 1024 * 1024
-    """Bytes the peer may send on each stream it opens before we grant more."""
-    max_streams: int = 10_000
-    """Streams the peer may have open at once. One more: LIMIT_VIOLATION."""
-    max_datagram: int = 65536
-    """Largest DATAGRAM body we accept (0: none). Larger: LIMIT_VIOLATION."""
-    datagram_queue: int = 256 * 1024
-    """Bytes of outgoing datagrams kept while TCP is busy; beyond it the oldest are dropped."""
-    chunk_size: int = 256 * 1024
-    """Largest STREAM payload we send in one frame (streams take turns per chunk)."""
-    idle_timeout: float = 30.0
-    """Close after this long without a byte from the peer or an answer to our PING (the
-    transport uses the smaller of this and ``TransportConfig.idle_timeout``)."""
-    ping_interval: float = 10.0
-    """Send a PING this often (at most a third of the idle timeout)."""
-
-    def __post_init__(self) -> None:
-        if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE:
-            raise ValueError(f"max_frame_size must be in [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]")
-        if not 0 <= self.max_datagram <= self.max_frame_size:
-            raise ValueError("max_datagram must be in [0, max_frame_size]")
-        if not 1 <= self.initial_stream_credit <= MAX_VARINT:
-            raise ValueError("initial_stream_credit must be at least 1")
-        if not 1 <= self.max_streams <= MAX_VARINT:
-            raise ValueError("max_streams must be at least 1")
-        if self.chunk_size < 1024 or self.datagram_queue < 0:
-            raise ValueError("chunk_size must be at least 1024, datagram_queue not negative")
-        if self.idle_timeout <= 0 or self.ping_interval <= 0:
-            raise ValueError("idle_timeout and ping_interval must be positive")
-
-
-@dataclass(frozen=True)
-class PeerSettings:
-    max_frame_size: int = MIN_FRAME_SIZE
-    initial_stream_credit: int = 0
-    max_streams: int = 0
-    max_datagram: int = 0
-    idle_timeout: float | None = None
-
-
-# -- events -------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class PeerReady:
-    """The peer's SETTINGS arrived: streams and datagrams may flow."""
-
-    settings: PeerSettings
-
-
-@dataclass(slots=True)
-class StreamData:
-    """Bytes of a stream; ``data`` may be a view of the caller's receive buffer."""
-
-    stream_id: int
-    data: Payload
-    fin: bool
-
-
-@dataclass(slots=True)
-class StreamReset:
-    stream_id: int
-    code: int
-
-
-@dataclass(slots=True)
-class DatagramReceived:
-    data: bytes
-
-
-@dataclass(slots=True)
-class ConnectionClosed:
-    """The connection ended: the peer's CLOSE (``by_peer``) or our idle timeout."""
-
-    code: int
-    reason: str
-    by_peer: bool
-
-
-MuxEvent = PeerReady | StreamData | StreamReset | DatagramReceived | ConnectionClosed
-
-
-# -- encoding -----------------------------------------------------------------------------
-
-
-def encode_frame(ftype: int, flags: int, body: bytes = b"") -> bytes:
-    return HEADER.pack(ftype, flags, len(body)) + body
-
-
-def encode_settings(values: dict[int, int]) -> bytes:
-    body = b"".join(_SETTING.pack(k, v) for k, v in values.items())
-    return encode_frame(FrameType.SETTINGS, 0, body)
-
-
-def encode_close(code: int, reason: str) -> bytes:
-    text = reason.encode("utf-8")[:MAX_REASON].decode("utf-8", "ignore").encode("utf-8")
-    return encode_frame(FrameType.CLOSE, 0, _U64.pack(code) + text)
-
-
-def _fail(code: CloseCode, message: str) -> MuxProtocolError:
-    return MuxProtocolError(f"mux: {message}", code)
-
 
 # -- state --------------------------------------------------------------------------------
 
@@ -362,52 +225,13 @@ class MuxConnection:
             ftype, flags, length = HEADER.unpack(chunk)
             self._header(ftype, flags, length, events)
         elif stage == _STREAM_ID:
-            self._stream_header(_U64.unpack(chunk)[0], events)
+            self._stream_header(U64.unpack(chunk)[0], events)
         else:
             self._stage, self._need = _HEAD, HEADER_SIZE
             self._control(self._ftype, self._flags, chunk, events)
 
     def _header(self, ftype: int, flags: int, length: int, events: list[MuxEvent]) -> None:
-        if self.peer is None and ftype != FrameType.SETTINGS and ftype != FrameType.CLOSE:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"frame type {ftype:#x} before SETTINGS")
-        if ftype == FrameType.STREAM:
-            if flags & ~FLAG_FIN:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"STREAM flags {flags:#x}")
-            if length < 8:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, "STREAM frame shorter than its id")
-        elif ftype == FrameType.PING:
-            if flags & ~FLAG_ACK:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"PING flags {flags:#x}")
-            if length != 8:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, "PING body is not 8 bytes")
-        elif ftype in (FrameType.RESET, FrameType.CREDIT):
-            if flags or length != 16:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"malformed {FrameType(ftype).name}")
-        elif ftype == FrameType.SETTINGS:
-            if self.peer is not None:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, "a second SETTINGS frame")
-            if flags or length % _SETTING.size:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, "malformed SETTINGS")
-            if length > MAX_SETTINGS_BODY:
-                raise _fail(CloseCode.LIMIT_VIOLATION, "SETTINGS frame too large")
-        elif ftype == FrameType.DATAGRAM:
-            if flags:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"DATAGRAM flags {flags:#x}")
-            if length > self.settings.max_datagram:
-                raise _fail(
-                    CloseCode.LIMIT_VIOLATION,
-                    f"DATAGRAM of {length} bytes, limit {self.settings.max_datagram}",
-                )
-        elif ftype == FrameType.CLOSE:
-            if flags or length < 8:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, "malformed CLOSE")
-        else:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"unknown frame type {ftype:#x}")
-        if length > self.settings.max_frame_size:
-            raise _fail(
-                CloseCode.LIMIT_VIOLATION,
-                f"frame of {length} bytes, limit {self.settings.max_frame_size}",
-            )
+        check_header(ftype, flags, length, self.settings, self.peer is not None)
         self._ftype, self._flags, self._length = ftype, flags, length
         if ftype == FrameType.STREAM:
             self._stage, self._need = _STREAM_ID, 8
@@ -422,7 +246,7 @@ class MuxConnection:
         fin = bool(self._flags & FLAG_FIN)
         rs = self._peer_stream(sid, "STREAM")
         if n > rs.limit - rs.received:
-            raise _fail(
+            raise protocol_error(
                 CloseCode.LIMIT_VIOLATION,
                 f"stream {sid} exceeded its credit ({n} bytes, {rs.limit - rs.received} left)",
             )
@@ -445,11 +269,15 @@ class MuxConnection:
         if rs is not None:
             return rs
         if sid % 4 != self._peer_parity or sid > MAX_VARINT:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, not the peer's")
+            raise protocol_error(
+                CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, not the peer's"
+            )
         if sid <= self._peer_highest:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, already ended")
+            raise protocol_error(
+                CloseCode.PROTOCOL_VIOLATION, f"{what} on stream {sid}, already ended"
+            )
         if len(self._recv) >= self.settings.max_streams:
-            raise _fail(
+            raise protocol_error(
                 CloseCode.LIMIT_VIOLATION,
                 f"more than {self.settings.max_streams} streams open at once",
             )
@@ -459,7 +287,7 @@ class MuxConnection:
 
     def _control(self, ftype: int, flags: int, body: memoryview, events: list[MuxEvent]) -> None:
         if ftype == FrameType.CREDIT:
-            sid, inc = _TWO_U64.unpack(body)
+            sid, inc = TWO_U64.unpack(body)
             self._on_credit(sid, inc)
         elif ftype == FrameType.DATAGRAM:
             events.append(DatagramReceived(bytes(body)))
@@ -470,7 +298,7 @@ class MuxConnection:
             else:
                 self._pong = bytes(body)  # only the latest PING is answered
         elif ftype == FrameType.RESET:
-            sid, code = _TWO_U64.unpack(body)
+            sid, code = TWO_U64.unpack(body)
             self._peer_stream(sid, "RESET")
             del self._recv[sid]
             self._credit_due.pop(sid, None)
@@ -478,44 +306,30 @@ class MuxConnection:
         elif ftype == FrameType.SETTINGS:
             self._on_settings(body, events)
         elif ftype == FrameType.CLOSE:
-            code = _U64.unpack(body[:8])[0]
+            code = U64.unpack(body[:8])[0]
             reason = bytes(body[8:]).decode("utf-8", "replace")
             self._end()
             self.close_code = code
             events.append(ConnectionClosed(code, reason, True))
 
     def _on_settings(self, body: memoryview, events: list[MuxEvent]) -> None:
-        seen: dict[int, int] = {}
-        for key, value in _SETTING.iter_unpack(body):
-            if key in seen:
-                raise _fail(CloseCode.PROTOCOL_VIOLATION, f"setting {key:#x} given twice")
-            seen[key] = value
-        frame = seen.get(Setting.MAX_FRAME_SIZE, MIN_FRAME_SIZE)
-        credit = seen.get(Setting.INITIAL_STREAM_CREDIT, 65536)
-        streams = seen.get(Setting.MAX_STREAMS, 100)
-        datagram = seen.get(Setting.MAX_DATAGRAM, 0)
-        idle = seen.get(Setting.IDLE_TIMEOUT_MS, 0)
-        if not MIN_FRAME_SIZE <= frame <= MAX_FRAME_SIZE:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"MAX_FRAME_SIZE {frame} out of range")
-        if not 1 <= credit <= MAX_VARINT or not 1 <= streams <= MAX_VARINT:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, "INITIAL_STREAM_CREDIT or MAX_STREAMS 0")
-        if datagram > frame or idle > MAX_VARINT:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, "MAX_DATAGRAM above MAX_FRAME_SIZE")
-        self.peer = PeerSettings(frame, credit, streams, datagram, idle / 1000 if idle else None)
+        self.peer = parse_settings(body)
         events.append(PeerReady(self.peer))
         self._open_waiting()
 
     def _on_credit(self, sid: int, inc: int) -> None:
         if sid % 4 != self._own_parity or sid > self._wire_highest:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, f"CREDIT for stream {sid}, never opened")
+            raise protocol_error(
+                CloseCode.PROTOCOL_VIOLATION, f"CREDIT for stream {sid}, never opened"
+            )
         if inc == 0:
-            raise _fail(CloseCode.PROTOCOL_VIOLATION, "CREDIT of 0")
+            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "CREDIT of 0")
         s = self._send.get(sid)
         if s is None:
             return  # the stream ended (or was reset) while the CREDIT was on its way
         s.credit += inc
         if s.credit > MAX_VARINT:
-            raise _fail(CloseCode.LIMIT_VIOLATION, f"credit of stream {sid} above 2^62")
+            raise protocol_error(CloseCode.LIMIT_VIOLATION, f"credit of stream {sid} above 2^62")
         self._activate(s)
 
     # == credit ============================================================================
@@ -570,7 +384,7 @@ class MuxConnection:
         if s in self._waiting:
             self._waiting.remove(s)
             return
-        self._urgent.append(encode_frame(FrameType.RESET, 0, _TWO_U64.pack(stream_id, code)))
+        self._urgent.append(encode_frame(FrameType.RESET, 0, TWO_U64.pack(stream_id, code)))
         self._open -= 1
         self._open_waiting()
 
@@ -649,7 +463,7 @@ class MuxConnection:
         s.credit -= n
         self.buffered -= n
         fin = s.fin and not s.queued
-        out.append(_STREAM_HEAD.pack(FrameType.STREAM, FLAG_FIN if fin else 0, n + 8, s.sid))
+        out.append(STREAM_HEAD.pack(FrameType.STREAM, FLAG_FIN if fin else 0, n + 8, s.sid))
         out.extend(views)
         if fin:
             del self._send[s.sid]
@@ -667,7 +481,7 @@ class MuxConnection:
             return out
         if self._credit_due:
             for sid, inc in self._credit_due.items():
-                out.append(encode_frame(FrameType.CREDIT, 0, _TWO_U64.pack(sid, inc)))
+                out.append(encode_frame(FrameType.CREDIT, 0, TWO_U64.pack(sid, inc)))
             self._credit_due.clear()
         if self._pong is not None:
             out.append(encode_frame(FrameType.PING, FLAG_ACK, self._pong))
@@ -740,27 +554,3 @@ class MuxConnection:
             self._ping_at = now
             self._urgent.append(encode_frame(FrameType.PING, 0, self._ping_out))
         return []
-
-
-@dataclass(frozen=True)
-class TcpSettings:
-    """Aqueduct over TCP: the multiplexer's limits plus the socket-side knobs (measured in
-    ``docs/benchmarks/transport.md``)."""
-
-    mux: MuxSettings = MuxSettings()
-    race_delay: float = 0.25
-    """``transport="auto"``: how long QUIC has alone before TCP joins the race (RFC 8305's
-    connection attempt delay)."""
-    read_buffer: int = 256 * 1024
-    """The receive buffer TLS decrypts into (reused for every read)."""
-    write_high_water: int = 1024 * 1024
-    """Bytes the event loop may hold unsent before the multiplexer stops handing it more
-    (engine senders pause at ``TransportConfig.send_budget`` counting these)."""
-    write_chunk: int = 1024 * 1024
-    """Stream bytes handed to the event loop per write call."""
-
-    def __post_init__(self) -> None:
-        if self.race_delay < 0 or self.read_buffer < 16384 or self.write_high_water < 16384:
-            raise ValueError("race_delay >= 0, read_buffer and write_high_water >= 16384")
-        if self.write_chunk < 16384:
-            raise ValueError("write_chunk must be at least 16384")

@@ -41,11 +41,11 @@ from aqueduct_core.engine import (
 )
 from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.config import TransportConfig
-from aqueduct_core.transport.mux import (
+from aqueduct_core.transport.mux import MuxConnection
+from aqueduct_core.transport.mux_wire import (
     ALPN,
     ConnectionClosed,
     DatagramReceived,
-    MuxConnection,
     MuxEvent,
     MuxProtocolError,
     PeerReady,

@@ -8,14 +8,14 @@ import struct
 import pytest
 
 from aqueduct_core.errors import CloseCode
-from aqueduct_core.transport.mux import (
+from aqueduct_core.transport.mux import MuxConnection
+from aqueduct_core.transport.mux_wire import (
     FLAG_ACK,
     FLAG_FIN,
     IDLE_TIMEOUT,
     ConnectionClosed,
     DatagramReceived,
     FrameType,
-    MuxConnection,
     MuxEvent,
     MuxProtocolError,
     MuxSettings,

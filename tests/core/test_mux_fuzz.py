@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aqueduct_core.errors import CloseCode
-from aqueduct_core.transport.mux import (
+from aqueduct_core.transport.mux import MuxConnection
+from aqueduct_core.transport.mux_wire import (
     HEADER_SIZE,
     IDLE_TIMEOUT,
     FrameType,
-    MuxConnection,
     MuxProtocolError,
     MuxSettings,
     StreamData,

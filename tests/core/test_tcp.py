@@ -24,7 +24,7 @@ from aqueduct_core.api import channel, oneshot
 from aqueduct_core.api.channel import DEFAULT_MAXSIZE
 from aqueduct_core.errors import CloseCode, ConnectionLost
 from aqueduct_core.transport import Server, dial
-from aqueduct_core.transport.mux import (
+from aqueduct_core.transport.mux_wire import (
     ALPN,
     FrameType,
     MuxSettings,

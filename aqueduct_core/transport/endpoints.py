@@ -29,6 +29,12 @@ from aqueduct_core.transport.config import (
     zero_rtt_enabled,
 )
 from aqueduct_core.transport.quic import protocol_class, udp_socket
+from aqueduct_core.transport.reset import (
+    Responder,
+    install_tokens,
+    key_from_private_key,
+    resetting_server,
+)
 from aqueduct_core.transport.tls import (
     CLIENT_SESSIONS,
     ClientTLS,
@@ -311,7 +317,10 @@ async def serve(
             "session_ticket_handler": server.tickets.add,
         }
 
+    reset_key = key_from_private_key(tls.keyfile)
+
     def create_protocol(quic: Any, stream_handler: Any = None) -> Any:
+        install_tokens(quic, reset_key, backend.name)
         return proto_cls(
             quic,
             stream_handler,
@@ -320,12 +329,17 @@ async def serve(
             pacing=pacing_for(config, host),
         )
 
+    server_cls = resetting_server(backend.QuicServer)
+
+    def quic_server(qc: Any, create_protocol: Any, tickets: dict[str, Any]) -> Any:
+        quic_server = server_cls(configuration=qc, create_protocol=create_protocol, **tickets)
+        quic_server.responder = Responder(reset_key, qc.connection_id_length)
+        return quic_server
+
     try:
         _, server._quic_server = await create_endpoint(
             loop,
-            lambda: backend.QuicServer(
-                configuration=qc, create_protocol=create_protocol, **tickets
-            ),
+            lambda: quic_server(qc, create_protocol, tickets),
             sock=sock,
             gso=config.udp_offload,
             gro=config.udp_offload,

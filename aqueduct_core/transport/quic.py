@@ -55,6 +55,7 @@ from aqueduct_core.transport.pmtu import (
     set_aioquic_packet_size,
     size_qh3_configuration,
 )
+from aqueduct_core.transport.reset import is_reset, peer_tokens
 
 log = logging.getLogger("aqueduct.transport")
 
@@ -65,6 +66,9 @@ TINY_WRITE = 4096
 the stream's backlog; larger ones only within ``stream_high_water``."""
 
 _classes: dict[str, type] = {}
+
+
+STATELESS_RESET = "the server no longer knows this connection (stateless reset: it restarted)"
 
 
 class PinMismatch(Exception):
@@ -366,6 +370,8 @@ def _build(backend: Backend) -> type:
         def datagram_received(self, data: Any, addr: Any) -> None:
             if not self._sized:
                 self._size_for_path(addr)  # a server's first packet from this client
+            if is_aioquic and self._reset_by_peer(data):
+                return
             super().datagram_received(data, addr)
 
         async def find_packet_size(self, addr: Any) -> None:
@@ -383,6 +389,19 @@ def _build(backend: Backend) -> type:
                     "no answer to path probes from %s: packet size %d (the route's)", ip, start
                 )
             self._path_size = found
+
+        def _reset_by_peer(self, data: bytes) -> bool:
+            """aioquic: a stateless reset from the server (``reset.py``; qh3 notices its own)
+            ends the connection at once."""
+            if not self.is_client_side or not is_reset(data, peer_tokens(self._quic)):
+                return False
+            quic = self._quic
+            quic._close_event = ev.ConnectionTerminated(
+                error_code=0, frame_type=None, reason_phrase=STATELESS_RESET
+            )
+            quic._close_end()
+            self._process_events()
+            return True
 
         def _size_for_path(self, addr: Any) -> None:
             self._sized = True
@@ -421,6 +440,8 @@ def _build(backend: Backend) -> type:
                 self._size_for_path(addr)
             quic, now = self._quic, self._loop.time()
             for data in datagrams:
+                if self._reset_by_peer(data):
+                    return
                 quic.receive_datagram(data, addr, now=now)
             self._process_events()
             self.transmit()

@@ -22,7 +22,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from aqueduct_spark.service.store import Split, StagedFile, Store
+from aqueduct_spark.protocol import Split, StagedFile
+from aqueduct_spark.service.store import Store
 
 
 class DeltaFlightServer(fl.FlightServerBase):

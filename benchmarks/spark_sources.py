@@ -165,7 +165,8 @@ class FloorReader(DataSourceReader):
         return [InputPartition(s.to_dict()) for s in plan.splits]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from aqueduct_spark.service.store import Split, Store
+        from aqueduct_spark.protocol import Split
+        from aqueduct_spark.service.store import Store
 
         if partition.value is None:
             return
@@ -192,7 +193,8 @@ class FloorWriter(DataSourceArrowWriter):
         return Staged([f.to_dict() for f in stage.close()])
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        from aqueduct_spark.service.store import StagedFile, Store
+        from aqueduct_spark.protocol import StagedFile
+        from aqueduct_spark.service.store import Store
 
         staged = [
             StagedFile.from_dict(f) for m in messages if isinstance(m, Staged) for f in m.files

@@ -280,14 +280,12 @@ ERROR_MODULES = (
     "aqueduct_core.transport.tls",
     "aqueduct_core.transport.quic",
     "aqueduct_core.transport.backends",
-    "aqueduct_spark.protocol",
+    "aqueduct_spark.protocol.errors",
     "aqueduct_spark.client.failures",
     "aqueduct_spark.options",
-    "aqueduct_spark.service.store",
-    "aqueduct_spark.service.model",
     "aqueduct_spark.stream_reader",
 )
-"""Where the exceptions a user can see are defined (store re-exports model's)."""
+"""Where the exceptions a user can see are defined (the service raises protocol's)."""
 
 NON_CLASS_SECTIONS = {
     "UNSUPPORTED_DATA_SOURCE_SAVE_MODE": "spark",
@@ -320,7 +318,7 @@ def user_visible_exceptions() -> dict[str, type]:
 def test_every_error_class_has_a_troubleshooting_section() -> None:
     headings = set(sections(read("troubleshooting.md"), 3))
     classes = user_visible_exceptions()
-    assert {"ConnectError", "InsecureConnectionWarning", "OptionError", "StoreError"} <= set(
+    assert {"ConnectError", "InsecureConnectionWarning", "OptionError", "DatasetError"} <= set(
         classes
     )
     missing = sorted(set(classes) - headings)

@@ -46,7 +46,6 @@ KNOWN_UPWARD: set[str] = {
 KNOWN_CIRCLES: set[str] = {
     "aqueduct_core.api.channel <-> aqueduct_core.api.connection",
     "aqueduct_spark.datasource <-> aqueduct_spark.stream_reader <-> aqueduct_spark.stream_writer",
-    "aqueduct_spark.service.scan <-> aqueduct_spark.service.staging <-> aqueduct_spark.service.store",
 }
 
 MAX_LINES = 600  # a module a newcomer can read in one sitting

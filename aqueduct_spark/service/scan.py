@@ -45,7 +45,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import store
+from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split, VersionNotFound
 
 MAX_ROW_CLASSES = 64
 _FOOTER_THREADS = 8
@@ -56,13 +56,13 @@ def project(schema: pa.Schema, columns: Sequence[str] | None) -> tuple[list[str]
     if columns is None:
         return list(schema.names), schema
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-        raise store.InvalidRequest("columns must be a list of column names")
+        raise InvalidRequest("columns must be a list of column names")
     cols = list(columns)
     unknown = [c for c in cols if c not in schema.names]
     if unknown:
-        raise store.InvalidRequest(f"unknown columns {unknown}; the dataset has {schema.names}")
+        raise InvalidRequest(f"unknown columns {unknown}; the dataset has {schema.names}")
     if len(set(cols)) != len(cols):
-        raise store.InvalidRequest(f"columns {cols} contain duplicates")
+        raise InvalidRequest(f"columns {cols} contain duplicates")
     return cols, pa.schema([schema.field(c) for c in cols])
 
 
@@ -71,13 +71,13 @@ def check_filter(schema: pa.Schema, filter: pc.Expression | None) -> pc.Expressi
     if filter is None:
         return None
     if not isinstance(filter, pc.Expression):
-        raise store.InvalidRequest(
+        raise InvalidRequest(
             f"filter must be a pyarrow.compute.Expression, got {type(filter).__name__}"
         )
     try:
         schema.empty_table().filter(filter)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
-        raise store.InvalidRequest(f"invalid filter {filter}: {exc}") from exc
+        raise InvalidRequest(f"invalid filter {filter}: {exc}") from exc
     return filter
 
 
@@ -86,7 +86,7 @@ def partition_expression(
 ) -> pc.Expression:
     """``col == value`` (or ``is_null``) for every partition column."""
     if set(values) != set(partition_by):
-        raise store.InvalidRequest(
+        raise InvalidRequest(
             f"split partition values {sorted(values)} do not match the partition columns "
             f"{list(partition_by)}"
         )
@@ -100,9 +100,7 @@ def partition_expression(
                 else ds.field(c) == pa.scalar(v, schema.field(c).type)
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise store.InvalidRequest(
-                f"invalid partition value {v!r} for column {c!r}: {exc}"
-            ) from exc
+            raise InvalidRequest(f"invalid partition value {v!r} for column {c!r}: {exc}") from exc
         expr = expr & term
     return expr
 
@@ -212,7 +210,7 @@ def _footer(fs: pafs.FileSystem, dataset: str, version: int, path: str) -> pq.Fi
         with fs.open_input_file(path) as f:
             return pq.read_metadata(f)
     except FileNotFoundError as exc:
-        raise store.DataLoss(
+        raise DataLoss(
             f"data file {path!r} of dataset {dataset!r} version {version} is missing (vacuumed "
             "or deleted outside the service); read a later version"
         ) from exc
@@ -228,7 +226,7 @@ def plan_splits(
     files: list[dict[str, Any]],
     filter: pc.Expression | None,
     split_bytes: int,
-) -> list[store.Split]:
+) -> list[Split]:
     keep = prune(schema, partition_by, files, filter)
     # the log path is URL-encoded once more than the file name on storage
     paths = {i: unquote(files[i]["path"]) for i in keep}
@@ -251,7 +249,7 @@ def plan_splits(
         if len(groups) <= 1:
             rows = f.get("num_records")
             splits.append(
-                store.Split(
+                Split(
                     dataset=dataset,
                     version=version,
                     path=paths[i],
@@ -263,7 +261,7 @@ def plan_splits(
             )
             continue
         splits.extend(
-            store.Split(
+            Split(
                 dataset=dataset,
                 version=version,
                 path=paths[i],
@@ -286,7 +284,7 @@ def read_split(
     fs: pafs.FileSystem,
     schema: pa.Schema,
     partition_by: Sequence[str],
-    split: store.Split,
+    split: Split,
     columns: list[str],
     out_schema: pa.Schema,
     filter: pc.Expression | None,
@@ -331,13 +329,13 @@ def read_split(
                     batch = batch.cast(out_schema)
                 yield batch
     except FileNotFoundError as exc:
-        raise store.DataLoss(
+        raise DataLoss(
             f"data file {split.path!r} of dataset {split.dataset!r} version {split.version} "
             "disappeared while it was read (vacuumed or deleted); re-plan the scan"
         ) from exc
     except (pa.ArrowInvalid, IndexError) as exc:
         if split.row_groups is not None and re.search("row[ _]group", str(exc), re.I):
-            raise store.InvalidRequest(
+            raise InvalidRequest(
                 f"split of {split.path!r} names row groups {list(split.row_groups)} the file does "
                 "not have; re-plan the scan"
             ) from exc
@@ -423,7 +421,7 @@ def version_at(fs: pafs.FileSystem, dataset: str, ts: dt.datetime) -> int:
     before = [v for v, t in times.items() if t <= ts]
     if not before:
         first = min(times.values()).isoformat() if times else "unknown"
-        raise store.VersionNotFound(
+        raise VersionNotFound(
             f"dataset {dataset!r} has no version at {ts.isoformat()}: its oldest available "
             f"version was committed at {first}"
         )

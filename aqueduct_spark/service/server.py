@@ -33,8 +33,8 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
-from aqueduct_spark.service import store as S
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
+from aqueduct_spark.service.store import Store
 
 log = logging.getLogger("aqueduct.service")
 
@@ -79,13 +79,12 @@ class ServiceConfig:
                 )
 
 
-def _translate(exc: BaseException) -> P.DatasetError:
-    """Store errors become protocol errors of the same code; anything else is internal."""
+def _answer_for(exc: BaseException) -> P.DatasetError:
+    """The error a failed request is answered with: a dataset error as raised (the store
+    raises them too); a payload that did not decode is invalid; a channel that ended under
+    the request leaves the service unavailable to it; anything else is internal (and logged)."""
     if isinstance(exc, P.DatasetError):
         return exc
-    if isinstance(exc, S.StoreError):
-        cls = P.ERRORS.get(exc.code, P.InternalError)
-        return cls(str(exc))
     if isinstance(exc, DecodeError):
         return P.InvalidRequest(str(exc))
     if isinstance(exc, ChannelError):  # the client cancelled, went away, or was cut off
@@ -117,20 +116,6 @@ def _timestamp(value: Any) -> dt.datetime | None:
             raise P.InvalidRequest(f"timestamp {value!r} is not ISO 8601") from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
     raise P.InvalidRequest(f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}")
-
-
-def info_to_wire(info: S.DatasetInfo) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "version": info.version,
-        "schema": P.schema_to_bytes(info.schema),
-        "partition_by": list(info.partition_by),
-        "rows": info.rows,
-        "bytes": info.bytes,
-        "files": info.files,
-        "created": info.created,
-        "updated": info.updated,
-    }
 
 
 def _end_handles(value: Any) -> None:
@@ -208,7 +193,7 @@ class DatasetService:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
-        self.store = S.Store(config.root, config.storage_options)
+        self.store = Store(config.root, config.storage_options)
         self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
             "list": self._list,
             "describe": self._describe,
@@ -312,7 +297,7 @@ class DatasetService:
             else:
                 raise P.InvalidRequest(f"unknown operation {op!r}")
         except Exception as exc:  # every failure becomes an answer, never a dead connection
-            await self._fail(req, _translate(exc))
+            await self._fail(req, _answer_for(exc))
         finally:
             _end_handles(req)
 
@@ -336,7 +321,7 @@ class DatasetService:
     # -- simple operations (run in a worker thread) -----------------------------------
 
     def _list(self, req: dict[str, Any]) -> Any:
-        return {"datasets": [info_to_wire(i) for i in self.store.list()]}
+        return {"datasets": [i.to_wire() for i in self.store.list()]}
 
     def _describe(self, req: dict[str, Any]) -> Any:
         info = self.store.describe(
@@ -344,7 +329,7 @@ class DatasetService:
             version=_field(req, "version", int, None),
             timestamp=_timestamp(req.get("timestamp")),
         )
-        return info_to_wire(info)
+        return info.to_wire()
 
     def _create(self, req: dict[str, Any]) -> Any:
         schema = P.schema_from_bytes(_field(req, "schema", bytes))
@@ -354,7 +339,7 @@ class DatasetService:
             partition_by=_field(req, "partition_by", list, []),
             exist_ok=bool(req.get("exist_ok", False)),
         )
-        return info_to_wire(info)
+        return info.to_wire()
 
     def _drop(self, req: dict[str, Any]) -> Any:
         name = _field(req, "dataset", str)
@@ -374,14 +359,7 @@ class DatasetService:
             filter=P.filters_to_expression(req.get("filters")),
             split_bytes=_field(req, "split_bytes", int, None) or self.config.split_bytes,
         )
-        return {
-            "dataset": plan.dataset,
-            "version": plan.version,
-            "schema": P.schema_to_bytes(plan.schema),
-            "splits": [s.to_dict() for s in plan.splits],
-            "rows": plan.rows,
-            "bytes": plan.bytes,
-        }
+        return plan.to_wire()
 
     def _begin(self, req: dict[str, Any]) -> Any:
         name = _field(req, "dataset", str)
@@ -406,7 +384,7 @@ class DatasetService:
         return tuple(_field(req, "partition_by", list, []))
 
     def _commit(self, req: dict[str, Any]) -> Any:
-        staged = [S.StagedFile.from_dict(d) for d in _field(req, "staged", list)]
+        staged = [P.StagedFile.from_dict(d) for d in _field(req, "staged", list)]
         result = self.store.commit(
             _field(req, "dataset", str),
             _field(req, "mode", str),
@@ -418,16 +396,10 @@ class DatasetService:
             overwrite_schema=bool(req.get("overwrite_schema", False)),
             replaces=_field(req, "replaces", int, None),
         )
-        return {
-            "version": result.version,
-            "rows": result.rows,
-            "bytes": result.bytes,
-            "files": result.files,
-            "committed": result.committed,
-        }
+        return result.to_wire()
 
     def _abort(self, req: dict[str, Any]) -> Any:
-        staged = [S.StagedFile.from_dict(d) for d in _field(req, "staged", list, [])]
+        staged = [P.StagedFile.from_dict(d) for d in _field(req, "staged", list, [])]
         name = _field(req, "dataset", str)
         removed = (
             self.store.abort_txn(name, _field(req, "txn", str), staged)
@@ -443,17 +415,7 @@ class DatasetService:
         return {
             "latest": self.store.latest_version(name),
             "table_id": self.store.table_id(name),
-            "versions": [
-                {
-                    "version": v.version,
-                    "timestamp": v.timestamp,
-                    "operation": v.operation,
-                    "rows": v.rows_added,
-                    "bytes": v.bytes_added,
-                    "data_change": v.data_change,
-                }
-                for v in versions
-            ],
+            "versions": [v.to_wire() for v in versions],
         }
 
     def _changes(self, req: dict[str, Any]) -> Any:
@@ -516,7 +478,7 @@ class DatasetService:
                 for name in list(self._subscribers):
                     try:
                         latest = await self._pool.run(self, self.store.latest_version, name)
-                    except S.StoreError:
+                    except P.DatasetError:
                         continue
                     self._notify(name, latest)
         finally:
@@ -540,7 +502,7 @@ class DatasetService:
             session.scans -= 1
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
-        split = S.Split.from_dict(_field(req, "split", dict))
+        split = P.Split.from_dict(_field(req, "split", dict))
         columns = _field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
         options = P.ipc_options(

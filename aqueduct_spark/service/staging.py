@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import AddAction
 
-from . import store
+from aqueduct_spark.protocol import InvalidRequest, SchemaMismatch, StagedFile
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 TXN_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -60,7 +60,7 @@ _MAX_STAT_CHARS = 64
 
 def check_txn(txn: str) -> str:
     if not isinstance(txn, str) or not TXN_RE.match(txn):
-        raise store.InvalidRequest(
+        raise InvalidRequest(
             f"invalid transaction id {txn!r}: use 1-64 letters, digits or '_' (uuid4().hex works)"
         )
     return txn
@@ -68,9 +68,7 @@ def check_txn(txn: str) -> str:
 
 def check_task(task: str) -> str:
     if not isinstance(task, str) or not TASK_RE.match(task):
-        raise store.InvalidRequest(
-            f"invalid task id {task!r}: use 1-64 letters, digits, '_' or '-'"
-        )
+        raise InvalidRequest(f"invalid task id {task!r}: use 1-64 letters, digits, '_' or '-'")
     return task
 
 
@@ -94,7 +92,7 @@ def check_relative_path(path: str) -> str:
         or any(p in ("", ".", "..") or p[0] in "_." for p in parts)
         or not parts[-1].endswith(".parquet")
     ):
-        raise store.InvalidRequest(
+        raise InvalidRequest(
             f"invalid data file path {path!r}: expected a relative path to a .parquet file "
             "inside the table, without '..' or components starting with '_' or '.'"
         )
@@ -122,7 +120,7 @@ def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
         return t
     if pa.types.is_decimal(t):
         if t.precision > 38 or t.scale < 0 or t.scale > t.precision:
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"column {where!r} has type {t}, but Delta Lake stores decimals with precision "
                 "up to 38 and 0 <= scale <= precision; cast it to decimal128(38, s) or float64"
             )
@@ -156,9 +154,7 @@ def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
         )
     if pa.types.is_struct(t):
         if t.num_fields == 0:
-            raise store.SchemaMismatch(
-                f"column {where!r} is a struct without fields; Delta needs one"
-            )
+            raise SchemaMismatch(f"column {where!r} is a struct without fields; Delta needs one")
         return pa.struct(
             [
                 pa.field(f.name, _delta_type(f.type, f"{where}.{f.name}"), f.nullable)
@@ -168,21 +164,19 @@ def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
     hint = {
         "null": "give the column a real type (an all-null column still needs one)",
     }.get(str(t), "cast it to a supported type (for times and durations, int64 or a string)")
-    raise store.SchemaMismatch(
-        f"column {where!r} has type {t}, which Delta Lake cannot store; {hint}"
-    )
+    raise SchemaMismatch(f"column {where!r} has type {t}, which Delta Lake cannot store; {hint}")
 
 
 def delta_schema(schema: pa.Schema) -> pa.Schema:
     """The schema data of ``schema`` is written with: Delta types, as deltalake reports them."""
     if not isinstance(schema, pa.Schema):
-        raise store.InvalidRequest(f"expected a pyarrow.Schema, got {type(schema).__name__}")
+        raise InvalidRequest(f"expected a pyarrow.Schema, got {type(schema).__name__}")
     if len(schema) == 0:
-        raise store.SchemaMismatch("the schema has no columns; a dataset needs at least one")
+        raise SchemaMismatch("the schema has no columns; a dataset needs at least one")
     names = schema.names
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes or "" in names:
-        raise store.SchemaMismatch(
+        raise SchemaMismatch(
             f"column names must be unique and non-empty (duplicated: {dupes or ['']}); "
             "rename the columns"
         )
@@ -191,7 +185,7 @@ def delta_schema(schema: pa.Schema) -> pa.Schema:
         # the round trip gives exactly the field names and nullability a table reports
         return pa.schema(DeltaSchema.from_arrow(mapped).to_arrow())
     except Exception as exc:  # deltalake raises several unrelated classes here
-        raise store.SchemaMismatch(f"Delta Lake rejects the schema: {exc}") from exc
+        raise SchemaMismatch(f"Delta Lake rejects the schema: {exc}") from exc
 
 
 def needs_timestamp_ntz(schema: pa.Schema) -> bool:
@@ -241,7 +235,7 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema, dataset: str) -> pa.
     if batch.schema.names != target.names:
         if sorted(batch.schema.names) != sorted(target.names):
             diffs = schema_differences(target, batch.schema)
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"a batch for dataset {dataset!r} does not have the write schema's columns: "
                 + "; ".join(diffs)
                 + ". Send batches with exactly the columns the write was opened with"
@@ -252,7 +246,7 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema, dataset: str) -> pa.
     columns = []
     for field, column in zip(target, batch.columns, strict=True):
         if not field.nullable and column.null_count:
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"column {field.name!r} of dataset {dataset!r} is NOT NULL, but a batch has "
                 f"{column.null_count} null values; fill them or write to a nullable column"
             )
@@ -263,7 +257,7 @@ def conform_batch(batch: pa.RecordBatch, target: pa.Schema, dataset: str) -> pa.
                     column, options=pc.CastOptions(field.type, allow_time_truncate=True)
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise store.SchemaMismatch(
+                raise SchemaMismatch(
                     f"column {field.name!r} of type {column.type} cannot be written as "
                     f"{field.type} in dataset {dataset!r}: {exc}. Cast the data first"
                 ) from exc
@@ -291,19 +285,19 @@ def check_partition_by(schema: pa.Schema, partition_by: Sequence[str]) -> tuple[
     cols = tuple(partition_by)
     for c in cols:
         if c not in schema.names:
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"partition column {c!r} is not in the schema (columns: {schema.names})"
             )
         t = schema.field(c).type
         if not any(ok(t) for ok in _PARTITION_TYPES):
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"partition column {c!r} has type {t}; partition by a column of a primitive "
                 "type (integer, string, date, timestamp, boolean, decimal, float)"
             )
     if len(set(cols)) != len(cols):
-        raise store.SchemaMismatch(f"partition columns {list(cols)} contain duplicates")
+        raise SchemaMismatch(f"partition columns {list(cols)} contain duplicates")
     if len(cols) >= len(schema):
-        raise store.SchemaMismatch("at least one column must not be a partition column")
+        raise SchemaMismatch("at least one column must not be a partition column")
     return cols
 
 
@@ -327,7 +321,7 @@ def encode_partition_value(value: Any) -> str | None:
         return str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
     if isinstance(value, dt.date):
         return value.isoformat()
-    raise store.InvalidRequest(f"cannot use {value!r} as a partition value")
+    raise InvalidRequest(f"cannot use {value!r} as a partition value")
 
 
 def partition_dir(partition_by: Sequence[str], values: Mapping[str, str | None]) -> str:
@@ -469,7 +463,7 @@ def staged_files(fs: pafs.FileSystem) -> list[pafs.FileInfo]:
 def verify_staged(
     dataset: str,
     fs: pafs.FileSystem,
-    files: Sequence[store.StagedFile],
+    files: Sequence[StagedFile],
     schema: pa.Schema,
     partition_by: tuple[str, ...],
     active: set[str],
@@ -481,29 +475,29 @@ def verify_staged(
     for f in files:
         check_relative_path(f.path)
         if staged_txn(f.path) is None:
-            raise store.InvalidRequest(f"{f.path!r} is not the name of a file staged here")
+            raise InvalidRequest(f"{f.path!r} is not the name of a file staged here")
         if f.path in seen:
-            raise store.InvalidRequest(f"staged file {f.path!r} is listed twice")
+            raise InvalidRequest(f"staged file {f.path!r} is listed twice")
         seen.add(f.path)
         if f.path in active:
-            raise store.InvalidRequest(
+            raise InvalidRequest(
                 f"staged file {f.path!r} is already part of dataset {dataset!r}; a commit can "
                 "only be repeated safely with an app_id and app_version"
             )
         if set(f.partition_values) != set(partition_by):
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"staged file {f.path!r} is partitioned by {sorted(f.partition_values)}, dataset "
                 f"{dataset!r} by {list(partition_by)}; stage with partition_by={list(partition_by)}"
             )
         where = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
         if where != partition_dir(partition_by, f.partition_values):
-            raise store.InvalidRequest(
+            raise InvalidRequest(
                 f"staged file {f.path!r} is not in the directory of its partition values"
             )
     file_schema = pa.schema([fd for fd in schema if fd.name not in partition_by])
 
-    def check(f: store.StagedFile) -> AddAction:
-        gone = store.InvalidRequest(
+    def check(f: StagedFile) -> AddAction:
+        gone = InvalidRequest(
             f"staged file {f.path!r} does not exist in dataset {dataset!r}: it was aborted, "
             "cleaned up as an orphan, or staged for another dataset. Stage the data again"
         )
@@ -516,12 +510,12 @@ def verify_staged(
         except FileNotFoundError as exc:
             raise gone from exc
         except (OSError, pa.ArrowInvalid) as exc:
-            raise store.InvalidRequest(f"staged file {f.path!r} is not Parquet: {exc}") from exc
+            raise InvalidRequest(f"staged file {f.path!r} is not Parquet: {exc}") from exc
         got = md.schema.to_arrow_schema()
         if got.names != file_schema.names or not all(
             _same_type(a.type, b.type) for a, b in zip(got, file_schema, strict=True)
         ):
-            raise store.SchemaMismatch(
+            raise SchemaMismatch(
                 f"staged file {f.path!r} has the columns {got}, not the write's {file_schema}; "
                 "stage it again with the schema check_schema returns"
             )
@@ -603,7 +597,7 @@ class StageWriter:
         self._partitions: dict[tuple[str | None, ...], _Partition] = {}
         self._buffered = 0
         self._created: list[str] = []
-        self._staged: list[store.StagedFile] = []
+        self._staged: list[StagedFile] = []
         self._state = "open"
         self.rows = 0
 
@@ -617,22 +611,18 @@ class StageWriter:
             self.close()
 
     @property
-    def staged(self) -> list[store.StagedFile]:
+    def staged(self) -> list[StagedFile]:
         """Files finished so far (all of them after :meth:`close`)."""
         return list(self._staged)
 
     def write(self, data: pa.RecordBatch | pa.Table) -> None:
         """Stage one batch (or table). Rows are visible only after the commit."""
         if self._state != "open":
-            raise store.InvalidRequest(
-                f"the stage writer of task {self.task!r} is already {self._state}"
-            )
+            raise InvalidRequest(f"the stage writer of task {self.task!r} is already {self._state}")
         batches = data.to_batches() if isinstance(data, pa.Table) else [data]
         for batch in batches:
             if not isinstance(batch, pa.RecordBatch):
-                raise store.InvalidRequest(
-                    f"expected a pyarrow.RecordBatch, got {type(batch).__name__}"
-                )
+                raise InvalidRequest(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
             batch = conform_batch(batch, self.schema, self.dataset)
             if batch.num_rows == 0:
                 continue
@@ -701,7 +691,7 @@ class StageWriter:
         info = self._fs.get_file_info(f.path)
         mtime = info.mtime
         self._staged.append(
-            store.StagedFile(
+            StagedFile(
                 path=f.path,
                 size=int(info.size) if info.size is not None else 0,
                 rows=md.num_rows,
@@ -713,14 +703,12 @@ class StageWriter:
             )
         )
 
-    def close(self) -> list[store.StagedFile]:
+    def close(self) -> list[StagedFile]:
         """Write out everything buffered and return the staged files (none if no rows)."""
         if self._state == "closed":
             return list(self._staged)
         if self._state != "open":
-            raise store.InvalidRequest(
-                f"the stage writer of task {self.task!r} is already {self._state}"
-            )
+            raise InvalidRequest(f"the stage writer of task {self.task!r} is already {self._state}")
         try:
             for part in self._partitions.values():
                 self._flush(part)

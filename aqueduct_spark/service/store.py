@@ -62,25 +62,27 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from . import scan, staging
-from .model import (
+from aqueduct_spark.protocol import (
     CommitResult,
     Conflict,
     DataLoss,
+    DatasetError,
     DatasetExists,
     DatasetInfo,
     DatasetNotFound,
+    InternalError,
     InvalidRequest,
     ScanPlan,
     SchemaMismatch,
     Split,
     StagedFile,
-    StoreError,
     VersionInfo,
     VersionNotFound,
-    _int,
-    _staged,
+    require_int,
+    staged_list,
 )
+
+from . import scan, staging
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MODES = ("append", "overwrite", "create")
@@ -193,7 +195,7 @@ class Store:
         self.validate_name(name)
         if version is not None and timestamp is not None:
             raise InvalidRequest("give a version or a timestamp to time travel to, not both")
-        if version is not None and _int(version, "version") < 0:
+        if version is not None and require_int(version, "version") < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
         if timestamp is not None:
             if not self.exists(name):
@@ -256,7 +258,7 @@ class Store:
     def history(self, name: str, since_version: int | None = None) -> list[VersionInfo]:
         """What each version did and added, oldest first, from ``since_version`` on (as far back
         as the log goes). Timestamps are the commit times time travel uses."""
-        if since_version is not None and _int(since_version, "since_version") < 0:
+        if since_version is not None and require_int(since_version, "since_version") < 0:
             raise InvalidRequest(f"since_version must be >= 0, got {since_version}")
         if not self.exists(name):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
@@ -364,7 +366,7 @@ class Store:
         """Split a scan of one version into :class:`Split` units for :meth:`scan`, skipping
         files ``filter`` cannot match. A file larger than ``split_bytes`` is split between row
         groups (so one row group larger than that stays one split). No files, no splits."""
-        if _int(split_bytes, "split_bytes") <= 0:
+        if require_int(split_bytes, "split_bytes") <= 0:
             raise InvalidRequest(f"split_bytes must be positive, got {split_bytes}")
         table = self._open(name, version, timestamp)
         v = table.version()
@@ -395,7 +397,7 @@ class Store:
         (vacuumed); with a ``missing`` list, the paths of gone files are appended to it
         instead and their splits are still returned, so positions in the list stay stable."""
         self.validate_name(name)
-        if _int(version, "version") < 0:
+        if require_int(version, "version") < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
         latest = self.latest_version(name)
         if version > latest:
@@ -478,7 +480,7 @@ class Store:
     def _pinned_meta(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...], str]:
         """Schema, partition columns and table id of one version, cached by its commit file."""
         self.validate_name(name)
-        if _int(version, "version") < 0:
+        if require_int(version, "version") < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
         info = self._fs(name).get_file_info(f"_delta_log/{version:020d}.json")
         key = (name, version, info.size, info.mtime_ns)
@@ -516,7 +518,7 @@ class Store:
         """
         if not isinstance(split, Split):
             split = Split.from_dict(split)
-        if _int(batch_rows, "batch_rows") <= 0:
+        if require_int(batch_rows, "batch_rows") <= 0:
             raise InvalidRequest(f"batch_rows must be positive, got {batch_rows}")
         staging.check_relative_path(split.path)
         schema, parts = self._pinned(split.dataset, split.version)
@@ -601,7 +603,7 @@ class Store:
             ("target_file_bytes", target_file_bytes),
             ("row_group_bytes", row_group_bytes),
         ):
-            if _int(n, what) <= 0:
+            if require_int(n, what) <= 0:
                 raise InvalidRequest(f"{what} must be positive, got {n}")
         return staging.StageWriter(
             dataset=name,
@@ -652,10 +654,10 @@ class Store:
             raise InvalidRequest("app_id and app_version go together: give both or neither")
         if app_id is not None and (not isinstance(app_id, str) or not app_id):
             raise InvalidRequest(f"app_id must be a non-empty string, got {app_id!r}")
-        if app_version is not None and _int(app_version, "app_version") < 0:
+        if app_version is not None and require_int(app_version, "app_version") < 0:
             raise InvalidRequest(f"app_version must be >= 0, got {app_version}")
         given = staging.delta_schema(schema)
-        files = _staged(staged)
+        files = staged_list(staged)
         txns = None
         if app_id is not None and app_version is not None:
             txns = [Transaction(app_id, app_version)]
@@ -764,7 +766,7 @@ class Store:
         """The removes of an overwrite that began at version ``replaces`` (WriteSerializable);
         None when it must replace everything there is (a new schema, nothing committed since).
         """
-        if _int(replaces, "replaces") < -1:
+        if require_int(replaces, "replaces") < -1:
             raise InvalidRequest(f"replaces must be a version or -1, got {replaces}")
         if replaces > table.version():
             raise InvalidRequest(
@@ -822,7 +824,7 @@ class Store:
             meta = scan.commit_info(actions).get(METADATA_KEY)
             if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
                 return v
-        raise StoreError(f"the commit to dataset {name!r} succeeded but is not in its log")
+        raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
 
     # -- cleaning up ----------------------------------------------------------------------------
 
@@ -842,7 +844,7 @@ class Store:
         self.validate_name(name)
         staging.check_txn(txn)
         given = set()
-        for f in _staged(staged):
+        for f in staged_list(staged):
             if staging.staged_txn(staging.check_relative_path(f.path)) != txn:
                 raise InvalidRequest(f"staged file {f.path!r} is not of transaction {txn!r}")
             given.add(f.path)
@@ -946,9 +948,9 @@ def _commit_meta(mode: str, adds: Sequence[AddAction], commit_id: str = "") -> d
     }
 
 
-def _store_error(name: str, exc: DeltaError) -> StoreError:
+def _store_error(name: str, exc: DeltaError) -> DatasetError:
     if isinstance(exc, CommitFailedError):
         return Conflict(f"a commit to dataset {name!r} failed: {exc}; retry it")
     if isinstance(exc, TableNotFoundError):
         return DatasetNotFound(f"dataset {name!r} does not exist")
-    return StoreError(f"Delta Lake error on dataset {name!r}: {exc}")
+    return InternalError(f"Delta Lake error on dataset {name!r}: {exc}")

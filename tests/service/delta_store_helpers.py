@@ -9,7 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from aqueduct_spark.service.store import CommitResult, StagedFile, Store
+from aqueduct_spark.protocol import CommitResult, StagedFile
+from aqueduct_spark.service.store import Store
 
 
 def stage(

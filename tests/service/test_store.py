@@ -13,18 +13,18 @@ import pytest
 from delta_store_helpers import data_files, read, stage, write
 from deltalake import DeltaTable, write_deltalake
 
-from aqueduct_spark.service.store import (
+from aqueduct_spark.protocol import (
     Conflict,
     DataLoss,
+    DatasetError,
     DatasetExists,
     DatasetNotFound,
     InvalidRequest,
     SchemaMismatch,
     StagedFile,
-    Store,
-    StoreError,
     VersionNotFound,
 )
+from aqueduct_spark.service.store import Store
 
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string()), ("p", pa.string())])
 
@@ -84,7 +84,7 @@ def test_create_existing(local: Store) -> None:
     local.create("d", SCHEMA)
     with pytest.raises(DatasetExists, match="already exists") as e:
         local.create("d", SCHEMA)
-    assert e.value.code == "ALREADY_EXISTS" and isinstance(e.value, StoreError)
+    assert e.value.code == "ALREADY_EXISTS" and isinstance(e.value, DatasetError)
     assert local.create("d", SCHEMA.remove_metadata(), exist_ok=True).version == 0
     with pytest.raises(SchemaMismatch, match="id: dataset type int64 vs given type string"):
         local.create(

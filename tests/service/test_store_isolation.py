@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 from delta_store_helpers import read, stage, write
 
-from aqueduct_spark.service.store import Conflict, Store
+from aqueduct_spark.protocol import Conflict
+from aqueduct_spark.service.store import Store
 from aqueduct_spark.testing import ServiceProcess
 
 SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])

@@ -16,7 +16,8 @@ import pytest
 from delta_store_helpers import read, write
 from deltalake import DeltaTable
 
-from aqueduct_spark.service.store import DataLoss, InvalidRequest, Split, Store
+from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split
+from aqueduct_spark.service.store import Store
 
 UTC = dt.UTC
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)

@@ -13,8 +13,9 @@ import pytest
 from delta_store_helpers import read, stage, write
 from deltalake import DeltaTable
 
+from aqueduct_spark.protocol import SchemaMismatch
 from aqueduct_spark.service.staging import delta_schema
-from aqueduct_spark.service.store import SchemaMismatch, Store
+from aqueduct_spark.service.store import Store
 
 UTC = dt.UTC
 NY = ZoneInfo("America/New_York")

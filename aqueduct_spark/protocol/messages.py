@@ -1,7 +1,9 @@
-"""The store's vocabulary: its errors (one per service status code) and value classes.
+"""The values requests and replies carry (§4 of ``docs/dataset-protocol.md``), typed, with
+their wire forms: what the service's store returns and what the client reads back.
 
-Split out of :mod:`.store`; ``store`` re-exports every name, so ``store.Split`` and
-``store.DatasetNotFound`` keep working.
+``to_dict``/``from_dict`` (splits and staged files, which clients hand back unchanged) and
+``to_wire``/``from_wire`` give and take plain CBOR values; ``from_*`` check what they are given
+and raise :class:`~.errors.InvalidRequest` for anything malformed.
 """
 
 from __future__ import annotations
@@ -15,70 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from aqueduct_core.errors import AqueductError
-
-# ---------------------------------------------------------------------------------------------
-# Errors: one class per service status code
+from .arrow import schema_from_bytes, schema_to_bytes
+from .errors import InvalidRequest
 
 
-class StoreError(AqueductError):
-    """Base class of store errors. ``code`` is the service status that crosses the wire."""
-
-    code = "INTERNAL"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class DatasetNotFound(StoreError):
-    """No dataset of that name (never created, or dropped)."""
-
-    code = "NOT_FOUND"
-
-
-class DatasetExists(StoreError):
-    """A create found the dataset already there."""
-
-    code = "ALREADY_EXISTS"
-
-
-class SchemaMismatch(StoreError):
-    """The data's schema does not fit the dataset, or Delta Lake cannot store it."""
-
-    code = "SCHEMA_MISMATCH"
-
-
-class Conflict(StoreError):
-    """Concurrent commits changed the table in a way this commit cannot be rebased onto.
-    The staged files are kept; retrying the commit is safe."""
-
-    code = "CONFLICT"
-
-
-class InvalidRequest(StoreError):
-    """The request itself is wrong (a name, version, filter, path, id...). Not retryable."""
-
-    code = "INVALID_REQUEST"
-
-
-class VersionNotFound(StoreError):
-    """Time travel to a version or time the table does not have (or no longer has)."""
-
-    code = "VERSION_NOT_FOUND"
-
-
-class DataLoss(StoreError):
-    """Files a version needs are gone (vacuumed, or deleted outside the service)."""
-
-    code = "DATA_LOSS"
-
-
-# ---------------------------------------------------------------------------------------------
-# Values
-
-
-def _int(v: Any, what: str) -> int:
+def require_int(v: Any, what: str) -> int:
+    """``v`` if it is an integer (not a bool), else :class:`InvalidRequest` naming ``what``."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise InvalidRequest(f"{what} must be an integer, got {v!r}")
     return v
@@ -124,6 +68,9 @@ def _from_plain(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class DatasetInfo:
+    """A dataset as ``describe`` and ``list`` answer: the latest version, or the one time travel
+    selected. ``bytes`` and ``files`` count its live data files."""
+
     name: str
     version: int
     schema: pa.Schema
@@ -133,6 +80,34 @@ class DatasetInfo:
     files: int
     created: dt.datetime | None
     updated: dt.datetime | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "schema": schema_to_bytes(self.schema),
+            "partition_by": list(self.partition_by),
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "files": self.files,
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> DatasetInfo:
+        """A ``describe`` result (or an entry of ``list``) as the service sent it."""
+        return cls(
+            name=d["name"],
+            version=d["version"],
+            schema=schema_from_bytes(d["schema"]),
+            partition_by=tuple(d.get("partition_by") or ()),
+            rows=d["rows"],
+            bytes=d["bytes"],
+            files=d.get("files", 0),
+            created=d.get("created"),
+            updated=d.get("updated"),
+        )
 
 
 @dataclass(frozen=True)
@@ -168,12 +143,12 @@ class Split:
             raise InvalidRequest(f"invalid split {dict(d)!r}")
         return cls(
             dataset=str(f["dataset"]),
-            version=_int(f["version"], "version"),
+            version=require_int(f["version"], "version"),
             path=str(f["path"]),
-            row_groups=None if rgs is None else tuple(_int(i, "row group") for i in rgs),
+            row_groups=None if rgs is None else tuple(require_int(i, "row group") for i in rgs),
             partition={str(k): _from_plain(v) for k, v in partition.items()},
-            rows=_int(f["rows"], "rows"),
-            bytes=_int(f["bytes"], "bytes"),
+            rows=require_int(f["rows"], "rows"),
+            bytes=require_int(f["bytes"], "bytes"),
         )
 
 
@@ -185,6 +160,16 @@ class ScanPlan:
     splits: list[Split]
     rows: int
     bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "version": self.version,
+            "schema": schema_to_bytes(self.schema),
+            "splits": [s.to_dict() for s in self.splits],
+            "rows": self.rows,
+            "bytes": self.bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -212,11 +197,11 @@ class StagedFile:
             raise InvalidRequest(f"invalid partition values {pv!r} in a staged file")
         return cls(
             path=str(f["path"]),
-            size=_int(f["size"], "size"),
-            rows=_int(f["rows"], "rows"),
+            size=require_int(f["size"], "size"),
+            rows=require_int(f["rows"], "rows"),
             partition_values=dict(pv),
             stats=str(f["stats"]),
-            modification_time=_int(f["modification_time"], "modification_time"),
+            modification_time=require_int(f["modification_time"], "modification_time"),
         )
 
 
@@ -227,6 +212,15 @@ class CommitResult:
     bytes: int
     files: int
     committed: bool  # False: the app transaction was already applied; nothing was written
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "files": self.files,
+            "committed": self.committed,
+        }
 
 
 @dataclass(frozen=True)
@@ -239,12 +233,20 @@ class VersionInfo:
     files_added: int
     data_change: bool
 
+    def to_wire(self) -> dict[str, Any]:
+        """One entry of the ``offsets`` reply's ``versions``."""
+        return {
+            "version": self.version,
+            "timestamp": self.timestamp,
+            "operation": self.operation,
+            "rows": self.rows_added,
+            "bytes": self.bytes_added,
+            "data_change": self.data_change,
+        }
 
-def _staged(files: Sequence[StagedFile | Mapping[str, Any]]) -> list[StagedFile]:
+
+def staged_list(files: Sequence[StagedFile | Mapping[str, Any]]) -> list[StagedFile]:
+    """Staged files given as objects or as their wire maps, as objects."""
     if isinstance(files, Mapping | str | bytes):
         raise InvalidRequest("staged must be a list of staged files")
     return [f if isinstance(f, StagedFile) else StagedFile.from_dict(f) for f in files]
-
-
-# ---------------------------------------------------------------------------------------------
-# The store

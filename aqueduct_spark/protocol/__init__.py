@@ -1,0 +1,122 @@
+"""The Aqueduct dataset protocol, version 1 (specified in ``docs/dataset-protocol.md``).
+
+Requests are CBOR maps sent on the entrypoint channel; each carries the channel(s) for its
+answer as attachments. Replies on a oneshot are ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": {"code": ..., "message": ...}}``. Arrow data travels on raw
+channels, one IPC record batch message per Aqueduct message, with the Arrow schema in the
+channel headers and per-batch CBOR metadata in the message headers.
+
+Shared by the service and the client, and importing neither (nor Delta Lake): constants
+(:mod:`.headers`), the one error tree (:mod:`.errors`, one class per status code, rebuilt
+as the same class on the client), the values requests and replies carry (:mod:`.messages`),
+the Arrow payload codec (:mod:`.arrow`) and the filter encoding (:mod:`.filters`). Import
+the names from here: ``from aqueduct_spark import protocol as P``.
+"""
+
+from .arrow import (
+    batch_from_payload,
+    batch_header,
+    batch_to_payload,
+    error_header,
+    find_header,
+    ipc_options,
+    schema_from_bytes,
+    schema_to_bytes,
+)
+from .errors import (
+    ERRORS,
+    Conflict,
+    DataLoss,
+    DatasetError,
+    DatasetExists,
+    DatasetNotFound,
+    InternalError,
+    InvalidRequest,
+    SchemaMismatch,
+    Unauthenticated,
+    Unavailable,
+    VersionNotFound,
+    error_from_wire,
+    error_to_wire,
+    fail,
+    ok,
+    unwrap,
+)
+from .filters import (
+    BINARY_OPS,
+    NOT,
+    UNARY_OPS,
+    filters_to_expression,
+    predicate_to_expression,
+)
+from .headers import (
+    COMPRESSIONS,
+    H_BATCH,
+    H_COMPRESSION,
+    H_ERROR,
+    H_SCHEMA,
+    H_TOKEN,
+    H_VERSION,
+    MAX_BATCH_BYTES,
+    PROTOCOL_VERSION,
+)
+from .messages import (
+    CommitResult,
+    DatasetInfo,
+    ScanPlan,
+    Split,
+    StagedFile,
+    VersionInfo,
+    require_int,
+    staged_list,
+)
+
+__all__ = [
+    "BINARY_OPS",
+    "COMPRESSIONS",
+    "ERRORS",
+    "H_BATCH",
+    "H_COMPRESSION",
+    "H_ERROR",
+    "H_SCHEMA",
+    "H_TOKEN",
+    "H_VERSION",
+    "MAX_BATCH_BYTES",
+    "NOT",
+    "PROTOCOL_VERSION",
+    "UNARY_OPS",
+    "CommitResult",
+    "Conflict",
+    "DataLoss",
+    "DatasetError",
+    "DatasetExists",
+    "DatasetInfo",
+    "DatasetNotFound",
+    "InternalError",
+    "InvalidRequest",
+    "ScanPlan",
+    "SchemaMismatch",
+    "Split",
+    "StagedFile",
+    "Unauthenticated",
+    "Unavailable",
+    "VersionInfo",
+    "VersionNotFound",
+    "batch_from_payload",
+    "batch_header",
+    "batch_to_payload",
+    "error_from_wire",
+    "error_header",
+    "error_to_wire",
+    "fail",
+    "filters_to_expression",
+    "find_header",
+    "ipc_options",
+    "ok",
+    "predicate_to_expression",
+    "require_int",
+    "schema_from_bytes",
+    "schema_to_bytes",
+    "staged_list",
+    "unwrap",
+]

@@ -1,0 +1,25 @@
+"""Protocol version, header keys and size limits of the dataset protocol (§2, §6 of
+``docs/dataset-protocol.md``). Keys follow the spec style: a short name, a dash, 6 hex digits."""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = 1
+
+# Connection headers.
+H_VERSION = b"aqds-version-4b1f0a"
+H_TOKEN = b"aqds-token-4b1f0a"
+# Channel headers of data channels (set by the channel's creator, the client).
+H_SCHEMA = b"aqds-schema-4b1f0a"
+"""Arrow IPC schema of the batches on the channel."""
+H_COMPRESSION = b"aqds-compression-4b1f0a"
+"""IPC body compression: none, lz4 or zstd."""
+# Message headers of data messages.
+H_BATCH = b"aqds-batch-4b1f0a"
+"""CBOR {"rows": n, "seq": i} for each batch."""
+H_ERROR = b"aqds-error-4b1f0a"
+"""CBOR {"code", "message"}: the sender failed; this is its last message (the channel is then
+finished, not cancelled: a cancel could drop this very message)."""
+
+COMPRESSIONS = ("none", "lz4", "zstd")
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+"""A batch larger than this is refused; writers split bigger batches first."""

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +32,7 @@ from aqueduct_core.errors import (
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
+from aqueduct_spark.service.operations import Operations, field
 from aqueduct_spark.service.store import Store
 
 log = logging.getLogger("aqueduct.service")
@@ -91,31 +90,6 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
         return P.Unavailable(f"the request's channel ended: {exc}")
     log.exception("request failed", exc_info=exc)
     return P.InternalError(f"the service failed: {type(exc).__name__}: {exc}")
-
-
-def _field(req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    value = req.get(key, default)
-    if value is ...:
-        raise P.InvalidRequest(f"request {req.get('op')!r} needs field {key!r}")
-    if value is not None and not isinstance(value, kind):
-        raise P.InvalidRequest(f"field {key!r} of {req.get('op')!r} has the wrong type")
-    return value
-
-
-def _timestamp(value: Any) -> dt.datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, int | float):
-        return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
-    if isinstance(value, str):
-        try:
-            parsed = dt.datetime.fromisoformat(value)
-        except ValueError:
-            raise P.InvalidRequest(f"timestamp {value!r} is not ISO 8601") from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-    raise P.InvalidRequest(f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}")
 
 
 def _end_handles(value: Any) -> None:
@@ -194,18 +168,7 @@ class DatasetService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.store = Store(config.root, config.storage_options)
-        self._ops: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "list": self._list,
-            "describe": self._describe,
-            "create": self._create,
-            "drop": self._drop,
-            "plan": self._plan,
-            "begin": self._begin,
-            "commit": self._commit,
-            "abort": self._abort,
-            "offsets": self._offsets,
-            "changes": self._changes,
-        }
+        self._ops = Operations(self.store, config.split_bytes).by_op
         self._subscribers: dict[str, set[_Subscriber]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._pool = FairPool(config.threads)
@@ -318,122 +281,6 @@ class DatasetService:
                 out.finish()
         self._reply(req, P.fail(error))
 
-    # -- simple operations (run in a worker thread) -----------------------------------
-
-    def _list(self, req: dict[str, Any]) -> Any:
-        return {"datasets": [i.to_wire() for i in self.store.list()]}
-
-    def _describe(self, req: dict[str, Any]) -> Any:
-        info = self.store.describe(
-            _field(req, "dataset", str),
-            version=_field(req, "version", int, None),
-            timestamp=_timestamp(req.get("timestamp")),
-        )
-        return info.to_wire()
-
-    def _create(self, req: dict[str, Any]) -> Any:
-        schema = P.schema_from_bytes(_field(req, "schema", bytes))
-        info = self.store.create(
-            _field(req, "dataset", str),
-            schema,
-            partition_by=_field(req, "partition_by", list, []),
-            exist_ok=bool(req.get("exist_ok", False)),
-        )
-        return info.to_wire()
-
-    def _drop(self, req: dict[str, Any]) -> Any:
-        name = _field(req, "dataset", str)
-        if not self.store.exists(name):
-            if req.get("if_exists"):
-                return {"dropped": False}
-            raise P.DatasetNotFound(f"dataset {name!r} does not exist")
-        self.store.drop(name)
-        return {"dropped": True}
-
-    def _plan(self, req: dict[str, Any]) -> Any:
-        plan = self.store.plan(
-            _field(req, "dataset", str),
-            version=_field(req, "version", int, None),
-            timestamp=_timestamp(req.get("timestamp")),
-            columns=_field(req, "columns", list, None),
-            filter=P.filters_to_expression(req.get("filters")),
-            split_bytes=_field(req, "split_bytes", int, None) or self.config.split_bytes,
-        )
-        return plan.to_wire()
-
-    def _begin(self, req: dict[str, Any]) -> Any:
-        name = _field(req, "dataset", str)
-        mode = _field(req, "mode", str)
-        if mode not in ("append", "overwrite", "create"):
-            raise P.InvalidRequest(f"mode must be append, overwrite or create, not {mode!r}")
-        schema = P.schema_from_bytes(_field(req, "schema", bytes))
-        target = self.store.check_schema(
-            name, schema, mode, overwrite_schema=bool(req.get("overwrite_schema", False))
-        )
-        version = self.store.latest_version(name) if self.store.exists(name) else None
-        return {
-            "txn": uuid.uuid4().hex,
-            "schema": P.schema_to_bytes(target),
-            "version": version,
-            "partition_by": list(self._partition_by(name, req)),
-        }
-
-    def _partition_by(self, name: str, req: dict[str, Any]) -> tuple[str, ...]:
-        if self.store.exists(name):
-            return self.store.describe(name).partition_by
-        return tuple(_field(req, "partition_by", list, []))
-
-    def _commit(self, req: dict[str, Any]) -> Any:
-        staged = [P.StagedFile.from_dict(d) for d in _field(req, "staged", list)]
-        result = self.store.commit(
-            _field(req, "dataset", str),
-            _field(req, "mode", str),
-            P.schema_from_bytes(_field(req, "schema", bytes)),
-            _field(req, "partition_by", list, []),
-            staged,
-            app_id=_field(req, "app_id", str, None),
-            app_version=_field(req, "app_version", int, None),
-            overwrite_schema=bool(req.get("overwrite_schema", False)),
-            replaces=_field(req, "replaces", int, None),
-        )
-        return result.to_wire()
-
-    def _abort(self, req: dict[str, Any]) -> Any:
-        staged = [P.StagedFile.from_dict(d) for d in _field(req, "staged", list, [])]
-        name = _field(req, "dataset", str)
-        removed = (
-            self.store.abort_txn(name, _field(req, "txn", str), staged)
-            if self.store.exists(name)
-            else 0
-        )
-        return {"removed": removed}
-
-    def _offsets(self, req: dict[str, Any]) -> Any:
-        name = _field(req, "dataset", str)
-        since = _field(req, "since_version", int, None)
-        versions = self.store.history(name, since_version=since)
-        return {
-            "latest": self.store.latest_version(name),
-            "table_id": self.store.table_id(name),
-            "versions": [v.to_wire() for v in versions],
-        }
-
-    def _changes(self, req: dict[str, Any]) -> Any:
-        name = _field(req, "dataset", str)
-        version = _field(req, "version", int)
-        # missing_ok: files already vacuumed are listed under "missing" instead of failing
-        # (a stream with failOnDataLoss=false skips just those, keeping file positions stable)
-        missing: list[str] | None = [] if req.get("missing_ok") else None
-        files = self.store.version_files(name, version, missing=missing)
-        return {
-            "version": version,
-            "files": [f.to_dict() for f in files],
-            "missing": missing or [],
-            # after the files: a table re-created meanwhile shows as another id, never as
-            # the new table's files under the old id
-            "table_id": self.store.table_id(name),
-        }
-
     # -- push notifications -----------------------------------------------------------
 
     def _notify(self, dataset: str, version: int) -> None:
@@ -443,8 +290,8 @@ class DatasetService:
     async def _subscribe(self, req: dict[str, Any], session: Session) -> None:
         """Push the newest version of a dataset whenever the subscriber has room for it:
         demand-driven, coalescing (a slow subscriber gets the latest, never a backlog)."""
-        out = _field(req, "out", Sender)
-        name = _field(req, "dataset", str)
+        out = field(req, "out", Sender)
+        name = field(req, "dataset", str)
         latest = await self._pool.run(session, self.store.latest_version, name)
         out.ordered(maxsize=1)
         sub = _Subscriber(latest)
@@ -487,7 +334,7 @@ class DatasetService:
     # -- streaming operations ---------------------------------------------------------
 
     async def _scan(self, req: dict[str, Any], session: Session) -> None:
-        out = _field(req, "out", Sender)
+        out = field(req, "out", Sender)
         if session.scans >= session.max_scans:
             raise P.Unavailable(
                 f"this connection has {session.scans} scans open, the most the service allows "
@@ -502,15 +349,15 @@ class DatasetService:
             session.scans -= 1
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
-        split = P.Split.from_dict(_field(req, "split", dict))
-        columns = _field(req, "columns", list, None)
+        split = P.Split.from_dict(field(req, "split", dict))
+        columns = field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
         options = P.ipc_options(
             (P.find_header(out.headers, P.H_COMPRESSION) or b"none").decode("ascii", "replace")
         )
         wanted = P.find_header(out.headers, P.H_SCHEMA)
         target = P.schema_from_bytes(wanted) if wanted else None
-        batch_rows = _field(req, "batch_rows", int, None) or self.config.batch_rows
+        batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
         out.ordered(maxsize=SCAN_QUEUE)
 
         def produce() -> Iterator[tuple[Any, int]]:
@@ -533,15 +380,15 @@ class DatasetService:
         out.finish()
 
     async def _write(self, req: dict[str, Any], session: Session) -> None:
-        data = _field(req, "data", Receiver)
-        name = _field(req, "dataset", str)
-        txn = _field(req, "txn", str)
-        task = _field(req, "task", str)
+        data = field(req, "data", Receiver)
+        name = field(req, "dataset", str)
+        txn = field(req, "txn", str)
+        task = field(req, "task", str)
         schema_bytes = P.find_header(data.headers, P.H_SCHEMA)
         if schema_bytes is None:
             raise P.InvalidRequest("a write channel needs the Arrow schema in its headers")
         schema = P.schema_from_bytes(schema_bytes)
-        partition_by = _field(req, "partition_by", list, [])
+        partition_by = field(req, "partition_by", list, [])
         writer = await self._pool.run(
             session, self.store.open_stage, name, txn, task, schema, partition_by
         )

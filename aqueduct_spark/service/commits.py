@@ -1,0 +1,325 @@
+"""Committing staged files: one atomic Delta commit per write, checked as deltalake does not.
+
+deltalake (1.6) behaviours worked around here:
+
+- ``create_write_transaction`` validates almost nothing: not that files exist, not an append's
+  schema, not a change of partition columns (which commits a table nobody can open again).
+  :func:`commit` checks all of it and recomputes every file's statistics from its footer.
+- An overwrite that brings the first timestamp-without-time-zone column commits without the
+  protocol feature it needs (again a table nobody can open): the feature is added first.
+- Concurrent creates of one table with retries can land as versions 0 *and* 1, so creates use
+  ``max_commit_retries=0`` and the losers append.
+- Commits of staged files have no ``operationMetrics``, so commits made here record what they
+  added in their custom metadata (:func:`commit_meta`), which ``Store.history`` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, TableFeatures, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from aqueduct_spark.protocol import (
+    CommitResult,
+    Conflict,
+    DatasetExists,
+    InternalError,
+    InvalidRequest,
+    SchemaMismatch,
+    StagedFile,
+    VersionNotFound,
+    require_int,
+    staged_list,
+)
+
+from . import delta_log, delta_types, staging
+from .tables import Tables, delta_error
+
+MODES = ("append", "overwrite", "create")
+METADATA_KEY = "aqueduct"  # our key in each commit's commitInfo
+_APPEND_ATTEMPTS = 3
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise InvalidRequest(f"invalid write mode {mode!r}: use one of {list(MODES)}")
+
+
+def check_schema(
+    tables: Tables, name: str | None, schema: pa.Schema, mode: str, overwrite_schema: bool = False
+) -> pa.Schema:
+    """The schema a write of ``schema`` in ``mode`` will store its batches with.
+
+    An append (or an overwrite without ``overwrite_schema``) needs the dataset's column
+    names and types, equal once large/view/unsigned types are normalised (nullability may
+    differ). Creating an existing dataset is :class:`DatasetExists`. A missing dataset is
+    created by the commit with the given schema. ``name=None`` only normalises.
+    """
+    check_mode(mode)
+    given = delta_types.delta_schema(schema)
+    if name is None or not tables.exists(name):
+        return given
+    if mode == "create":
+        raise DatasetExists(
+            f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
+        )
+    table = tables.open_table(name)
+    current = pa.schema(table.schema().to_arrow())
+    if mode == "overwrite" and overwrite_schema:
+        lost = [c for c in table.metadata().partition_columns if c not in given.names]
+        if lost:
+            raise SchemaMismatch(
+                f"the new schema of dataset {name!r} lacks its partition columns {lost}; "
+                "partitioning cannot change: keep them, or drop and recreate the dataset"
+            )
+        return given
+    diffs = delta_types.schema_differences(current, given)
+    if diffs:
+        fix = "or overwrite with overwrite_schema=True" if mode == "overwrite" else ""
+        raise SchemaMismatch(
+            f"the data does not match the schema of dataset {name!r}: {'; '.join(diffs)}. "
+            f"Cast or rename the columns to match the dataset (see describe) {fix}".rstrip()
+        )
+    return current
+
+
+def commit(
+    tables: Tables,
+    name: str,
+    mode: str,
+    schema: pa.Schema,
+    partition_by: Sequence[str],
+    staged: Sequence[StagedFile],
+    app_id: str | None = None,
+    app_version: int | None = None,
+    overwrite_schema: bool = False,
+    replaces: int | None = None,
+) -> CommitResult:
+    """Make all ``staged`` files visible in one atomic Delta commit.
+
+    ``append`` adds them, ``overwrite`` replaces all data with them, ``create`` requires the
+    dataset to be missing. Append and overwrite create a missing dataset; of several writers
+    racing to create it, one creates and the others then append (or overwrite).
+
+    Isolation is Delta's default, WriteSerializable. ``replaces`` is the version an
+    overwrite's transaction began at (-1: the dataset did not exist then); the overwrite
+    removes the data of that version only, so a blind append committed meanwhile is kept,
+    as if it came after the overwrite. If a concurrent commit removed some of that data
+    (another overwrite), or an append meanwhile has the schema the overwrite replaces, the
+    overwrite is :class:`Conflict`. Without ``replaces`` an overwrite replaces whatever the
+    latest version holds when it commits. Every staged
+    file must exist in this table, carry our name, and match the schema; its statistics are
+    recomputed from its footer. With ``app_id``/``app_version`` the commit records a Delta
+    app transaction; a commit whose ``app_version`` is not above the last one recorded for
+    ``app_id`` is a no-op (``committed=False``; remove its files with ``Store.abort_txn``).
+    """
+    tables.validate_name(name)
+    check_mode(mode)
+    if (app_id is None) != (app_version is None):
+        raise InvalidRequest("app_id and app_version go together: give both or neither")
+    if app_id is not None and (not isinstance(app_id, str) or not app_id):
+        raise InvalidRequest(f"app_id must be a non-empty string, got {app_id!r}")
+    if app_version is not None and require_int(app_version, "app_version") < 0:
+        raise InvalidRequest(f"app_version must be >= 0, got {app_version}")
+    given = delta_types.delta_schema(schema)
+    files = staged_list(staged)
+    txns = None
+    if app_id is not None and app_version is not None:
+        txns = [Transaction(app_id, app_version)]
+    commit_id = uuid.uuid4().hex
+    fs = tables.filesystem(name, create=True)
+    failure: CommitFailedError | None = None
+    for _ in range(_APPEND_ATTEMPTS):
+        if not tables.exists(name):
+            parts = staging.check_partition_by(given, partition_by)
+            adds = staging.verify_staged(name, fs, files, given, parts, set())
+            meta = commit_meta(mode, adds, commit_id)
+            try:
+                create_table_with_add_actions(
+                    tables.uri(name),
+                    DeltaSchema.from_arrow(given),
+                    adds,
+                    mode="error",
+                    partition_by=list(parts),
+                    storage_options=tables.delta_options(),
+                    commit_properties=CommitProperties(
+                        custom_metadata={METADATA_KEY: meta},
+                        max_commit_retries=0,  # see the module docstring
+                        app_transactions=txns,
+                    ),
+                )
+                return CommitResult(0, meta["rows"], meta["bytes"], meta["files"], True)
+            except DeltaError as exc:
+                if not tables.exists(name):
+                    raise delta_error(name, exc) from exc
+                # lost the race to create it: write to the winner's table instead
+        if mode == "create":
+            raise DatasetExists(
+                f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
+            )
+        table = tables.open_table(name)
+        done = _already_applied(table, app_id, app_version)
+        if done is not None:
+            return done
+        table_parts = tuple(table.metadata().partition_columns)
+        if tuple(partition_by) not in ((), table_parts):
+            raise SchemaMismatch(
+                f"dataset {name!r} is partitioned by {list(table_parts)}, the write by "
+                f"{list(partition_by)}; partitioning cannot change: write with "
+                f"partition_by={list(table_parts)}, or drop and recreate the dataset"
+            )
+        write_schema = check_schema(tables, name, given, mode, overwrite_schema)
+        if delta_types.needs_timestamp_ntz(write_schema) and "timestampNtz" not in (
+            table.protocol().reader_features or []
+        ):
+            # deltalake would commit the new schema without the feature: an unreadable table
+            table.alter.add_feature(
+                TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True
+            )
+            table = tables.open_table(name)
+        active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
+        adds = staging.verify_staged(name, fs, files, write_schema, table_parts, active)
+        meta = commit_meta(mode, adds, commit_id)
+        before = table.version()
+        actions: list[AddAction | RemoveAction] = [*adds]
+        delta_mode = mode
+        if mode == "overwrite" and replaces is not None:
+            removes = _replaced(tables, name, table, replaces, active, write_schema)
+            if removes is not None:
+                # the data it began with, not what appends added meanwhile
+                actions += removes
+                delta_mode = "append"
+        try:
+            table.create_write_transaction(
+                actions,
+                mode=delta_mode,
+                schema=DeltaSchema.from_arrow(write_schema),
+                partition_by=list(table_parts),
+                commit_properties=CommitProperties(
+                    custom_metadata={METADATA_KEY: meta}, app_transactions=txns
+                ),
+            )
+        except CommitFailedError as exc:
+            failure = exc
+            if delta_mode == "append":
+                # A blind append rebases onto anything; an overwrite that names its
+                # removes is checked again against what is there: reload and retry.
+                continue
+            done = _already_applied(tables.open_table(name), app_id, app_version)
+            if done is not None:
+                return done
+            break
+        except DeltaError as exc:
+            raise delta_error(name, exc) from exc
+        version = _find_commit(tables, name, before, commit_id)
+        return CommitResult(version, meta["rows"], meta["bytes"], meta["files"], True)
+    raise Conflict(
+        f"the {mode} of dataset {name!r} conflicted with concurrent commits ({failure}); "
+        "its staged files are kept: retry the commit"
+    ) from failure
+
+
+def _replaced(
+    tables: Tables,
+    name: str,
+    table: DeltaTable,
+    replaces: int,
+    active: set[str],
+    write_schema: pa.Schema,
+) -> list[RemoveAction] | None:
+    """The removes of an overwrite that began at version ``replaces`` (WriteSerializable);
+    None when it must replace everything there is (a new schema, nothing committed since).
+    """
+    if require_int(replaces, "replaces") < -1:
+        raise InvalidRequest(f"replaces must be a version or -1, got {replaces}")
+    if replaces > table.version():
+        raise InvalidRequest(
+            f"an overwrite of dataset {name!r} cannot begin at version {replaces}: the "
+            f"latest is {table.version()}"
+        )
+    base: dict[str, int] = {}
+    if replaces >= 0:
+        try:
+            began = tables.open_table(name, replaces)
+        except VersionNotFound as exc:
+            raise Conflict(
+                f"the overwrite of dataset {name!r} began at version {replaces}, which is "
+                "no longer in its log; retry the overwrite"
+            ) from exc
+        if str(began.metadata().id) != str(table.metadata().id):
+            raise Conflict(
+                f"dataset {name!r} was dropped and created again while the overwrite ran; "
+                "retry the overwrite"
+            )
+        adds = pa.table(began.get_add_actions(flatten=True))
+        base = {
+            unquote(p): int(n)
+            for p, n in zip(
+                adds.column("path").to_pylist(),
+                adds.column("size_bytes").to_pylist(),
+                strict=True,
+            )
+        }
+    gone = sorted(set(base) - active)
+    if gone:
+        raise Conflict(
+            f"the overwrite of dataset {name!r} conflicted with a concurrent commit: since "
+            f"version {replaces}, where the overwrite began, {len(gone)} of the files it "
+            f"replaces were removed (e.g. {gone[0]!r}: another overwrite won); its staged "
+            "files are kept: retry the commit, or run the overwrite again"
+        )
+    current = pa.schema(table.schema().to_arrow())
+    if delta_types.schema_differences(current, write_schema):
+        if active - set(base):
+            raise Conflict(
+                f"the overwrite of dataset {name!r} replaces its schema, and rows appended "
+                f"since version {replaces}, where it began, have the old one; retry the "
+                "commit to replace them too, or append them again after the overwrite"
+            )
+        return None
+    now = int(time.time() * 1000)
+    return [RemoveAction(p, True, now, size) for p, size in sorted(base.items())]
+
+
+def _find_commit(tables: Tables, name: str, before: int, commit_id: str) -> int:
+    """The version our commit landed at (after deltalake's retries, maybe much later)."""
+    fs = tables.filesystem(name)
+    later = [v for v in sorted(delta_log.commit_times(fs)) if v > before]
+    for v, actions in zip(later, delta_log.read_logs(fs, later), strict=True):
+        meta = delta_log.commit_info(actions).get(METADATA_KEY)
+        if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
+            return v
+    raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
+
+
+def _already_applied(
+    table: DeltaTable, app_id: str | None, app_version: int | None
+) -> CommitResult | None:
+    if app_id is None or app_version is None:
+        return None
+    last = table.transaction_version(app_id)
+    if last is not None and last >= app_version:
+        return CommitResult(table.version(), 0, 0, 0, False)
+    return None
+
+
+def commit_meta(mode: str, adds: Sequence[AddAction], commit_id: str = "") -> dict[str, Any]:
+    """What a commit records about itself: for history(), and to find its version."""
+    return {
+        "commit_id": commit_id or uuid.uuid4().hex,
+        "mode": mode,
+        "rows": sum(int(json.loads(a.stats)["numRecords"]) for a in adds),
+        "bytes": sum(a.size for a in adds),
+        "files": len(adds),
+        "data_change": bool(adds) or mode == "overwrite",
+        "txns": sorted({t for t in (staging.staged_txn(a.path) for a in adds) if t}),
+    }

@@ -1,0 +1,180 @@
+"""The requests answered with one reply (``list``, ``describe``, ``create``, ``drop``,
+``plan``, ``begin``, ``commit``, ``abort``, ``offsets``, ``changes``; §5 of
+``docs/dataset-protocol.md``): each reads its fields, calls the store and returns the result
+the reply carries. They block, so the server runs them in worker threads; the streaming
+requests (``scan``, ``write``, ``subscribe``) are the server's own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aqueduct_spark import protocol as P
+from aqueduct_spark.service.store import Store
+
+
+def field(req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """Field ``key`` of a request, which must be a ``kind`` (or None); required unless a
+    ``default`` is given."""
+    value = req.get(key, default)
+    if value is ...:
+        raise P.InvalidRequest(f"request {req.get('op')!r} needs field {key!r}")
+    if value is not None and not isinstance(value, kind):
+        raise P.InvalidRequest(f"field {key!r} of {req.get('op')!r} has the wrong type")
+    return value
+
+
+def timestamp(value: Any) -> dt.datetime | None:
+    """A ``timestamp`` field (§4): a datetime, ISO 8601 text or epoch milliseconds; no zone
+    means UTC."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, int | float):
+        return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise P.InvalidRequest(f"timestamp {value!r} is not ISO 8601") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    raise P.InvalidRequest(f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}")
+
+
+class Operations:
+    """The one-reply requests of one service, by name (:attr:`by_op`)."""
+
+    def __init__(self, store: Store, split_bytes: int) -> None:
+        self.store = store
+        self.split_bytes = split_bytes
+        """Target size of one scan split when the request does not say."""
+        self.by_op: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "list": self.list_datasets,
+            "describe": self.describe,
+            "create": self.create,
+            "drop": self.drop,
+            "plan": self.plan,
+            "begin": self.begin,
+            "commit": self.commit,
+            "abort": self.abort,
+            "offsets": self.offsets,
+            "changes": self.changes,
+        }
+
+    def list_datasets(self, req: dict[str, Any]) -> Any:
+        return {"datasets": [i.to_wire() for i in self.store.list()]}
+
+    def describe(self, req: dict[str, Any]) -> Any:
+        info = self.store.describe(
+            field(req, "dataset", str),
+            version=field(req, "version", int, None),
+            timestamp=timestamp(req.get("timestamp")),
+        )
+        return info.to_wire()
+
+    def create(self, req: dict[str, Any]) -> Any:
+        schema = P.schema_from_bytes(field(req, "schema", bytes))
+        info = self.store.create(
+            field(req, "dataset", str),
+            schema,
+            partition_by=field(req, "partition_by", list, []),
+            exist_ok=bool(req.get("exist_ok", False)),
+        )
+        return info.to_wire()
+
+    def drop(self, req: dict[str, Any]) -> Any:
+        name = field(req, "dataset", str)
+        if not self.store.exists(name):
+            if req.get("if_exists"):
+                return {"dropped": False}
+            raise P.DatasetNotFound(f"dataset {name!r} does not exist")
+        self.store.drop(name)
+        return {"dropped": True}
+
+    def plan(self, req: dict[str, Any]) -> Any:
+        plan = self.store.plan(
+            field(req, "dataset", str),
+            version=field(req, "version", int, None),
+            timestamp=timestamp(req.get("timestamp")),
+            columns=field(req, "columns", list, None),
+            filter=P.filters_to_expression(req.get("filters")),
+            split_bytes=field(req, "split_bytes", int, None) or self.split_bytes,
+        )
+        return plan.to_wire()
+
+    def begin(self, req: dict[str, Any]) -> Any:
+        name = field(req, "dataset", str)
+        mode = field(req, "mode", str)
+        if mode not in ("append", "overwrite", "create"):
+            raise P.InvalidRequest(f"mode must be append, overwrite or create, not {mode!r}")
+        schema = P.schema_from_bytes(field(req, "schema", bytes))
+        target = self.store.check_schema(
+            name, schema, mode, overwrite_schema=bool(req.get("overwrite_schema", False))
+        )
+        version = self.store.latest_version(name) if self.store.exists(name) else None
+        return {
+            "txn": uuid.uuid4().hex,
+            "schema": P.schema_to_bytes(target),
+            "version": version,
+            "partition_by": list(self.partition_by(name, req)),
+        }
+
+    def partition_by(self, name: str, req: dict[str, Any]) -> tuple[str, ...]:
+        if self.store.exists(name):
+            return self.store.describe(name).partition_by
+        return tuple(field(req, "partition_by", list, []))
+
+    def commit(self, req: dict[str, Any]) -> Any:
+        staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]
+        result = self.store.commit(
+            field(req, "dataset", str),
+            field(req, "mode", str),
+            P.schema_from_bytes(field(req, "schema", bytes)),
+            field(req, "partition_by", list, []),
+            staged,
+            app_id=field(req, "app_id", str, None),
+            app_version=field(req, "app_version", int, None),
+            overwrite_schema=bool(req.get("overwrite_schema", False)),
+            replaces=field(req, "replaces", int, None),
+        )
+        return result.to_wire()
+
+    def abort(self, req: dict[str, Any]) -> Any:
+        staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list, [])]
+        name = field(req, "dataset", str)
+        removed = (
+            self.store.abort_txn(name, field(req, "txn", str), staged)
+            if self.store.exists(name)
+            else 0
+        )
+        return {"removed": removed}
+
+    def offsets(self, req: dict[str, Any]) -> Any:
+        name = field(req, "dataset", str)
+        since = field(req, "since_version", int, None)
+        versions = self.store.history(name, since_version=since)
+        return {
+            "latest": self.store.latest_version(name),
+            "table_id": self.store.table_id(name),
+            "versions": [v.to_wire() for v in versions],
+        }
+
+    def changes(self, req: dict[str, Any]) -> Any:
+        name = field(req, "dataset", str)
+        version = field(req, "version", int)
+        # missing_ok: files already vacuumed are listed under "missing" instead of failing
+        # (a stream with failOnDataLoss=false skips just those, keeping file positions stable)
+        missing: list[str] | None = [] if req.get("missing_ok") else None
+        files = self.store.version_files(name, version, missing=missing)
+        return {
+            "version": version,
+            "files": [f.to_dict() for f in files],
+            "missing": missing or [],
+            # after the files: a table re-created meanwhile shows as another id, never as
+            # the new table's files under the old id
+            "table_id": self.store.table_id(name),
+        }

@@ -1,0 +1,228 @@
+"""Where the datasets live: names, table directories, filesystems, and Delta table handles.
+
+Every dataset is a Delta table in ``<root>/<name>``; the root is a local directory or an
+object-store URI (``s3://bucket/prefix``, ``file:///...``) with ``storage_options`` for
+deltalake. :class:`Tables` maps a name to its location and opens the table at the version a
+call needs (time travel included). The one cache is the schema, partition columns and id of a
+pinned version, keyed by the size and mtime of that version's commit file, so a dataset
+dropped and created again misses it.
+
+Time travel to a time before the first commit gives version 0 in deltalake; here it is
+:class:`VersionNotFound`. Commit times are the commit files' modification times made monotonic,
+as in deltalake and Spark (:mod:`.delta_log`).
+
+Never fork a process after using this module: deltalake's runtime panics in forked children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
+
+from aqueduct_spark.protocol import (
+    Conflict,
+    DatasetError,
+    DatasetNotFound,
+    InternalError,
+    InvalidRequest,
+    VersionNotFound,
+    require_int,
+)
+
+from . import delta_log
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_META_CACHE_SIZE = 256
+
+
+def _utc(ts: dt.datetime) -> dt.datetime:
+    if not isinstance(ts, dt.datetime):
+        raise InvalidRequest(f"timestamp must be a datetime, got {type(ts).__name__}")
+    return ts.replace(tzinfo=dt.UTC) if ts.tzinfo is None else ts.astimezone(dt.UTC)
+
+
+class Tables:
+    """The Delta tables of the datasets under ``root``, one in ``<root>/<name>`` each.
+
+    ``root`` is a local directory (created if missing) or a URI: ``s3://bucket/prefix``,
+    ``gs://...``, ``az://...``, ``file:///abs/path``; ``storage_options`` go to deltalake
+    unchanged (e.g. ``AWS_ENDPOINT_URL``, ``AWS_REGION``). A local directory is read and
+    written through pyarrow's local filesystem, URIs through deltalake's object store.
+    Thread-safe.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, str] | None = None):
+        root = os.fspath(root)
+        self.storage_options = dict(storage_options or {})
+        self._local_root: str | None
+        if "://" in root:
+            self.root = root.rstrip("/")
+            parsed = urlparse(root)
+            self._local_root = unquote(parsed.path) if parsed.scheme == "file" else None
+            self._native = False
+        else:
+            self.root = self._local_root = os.path.abspath(root)
+            self._native = True
+        if self._local_root is not None:
+            os.makedirs(self._local_root, exist_ok=True)
+        self._lock = threading.Lock()
+        self._pinned_cache: OrderedDict[tuple[Any, ...], tuple[pa.Schema, tuple[str, ...], str]] = (
+            OrderedDict()
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root!r})"
+
+    def validate_name(self, name: str) -> str:
+        """``name`` if it is a valid dataset name, else :class:`InvalidRequest`."""
+        if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+            raise InvalidRequest(
+                f"invalid dataset name {name!r}: use 1-128 letters, digits, '_', '-' or '.', "
+                "starting with a letter or digit, without '..' or '/'"
+            )
+        return name
+
+    def uri(self, name: str) -> str:
+        """The table's location as deltalake takes it."""
+        return os.path.join(self.root, name) if self._native else f"{self.root}/{name}"
+
+    def delta_options(self) -> dict[str, str] | None:
+        """The storage options for deltalake calls (None for none)."""
+        return self.storage_options or None
+
+    def local_dir(self, name: str) -> str | None:
+        """The table's directory on the local disk; None on an object store."""
+        return None if self._local_root is None else os.path.join(self._local_root, name)
+
+    def filesystem(self, name: str, create: bool = False) -> pafs.FileSystem:
+        """A filesystem rooted at the table directory: paths are relative to the table."""
+        local = self.local_dir(name)
+        if self._native:
+            assert local is not None
+            return pafs.SubTreeFileSystem(local, pafs.LocalFileSystem())
+        if local is not None and not os.path.isdir(local):
+            # deltalake's store for file:// URIs needs the directory
+            if not create:
+                raise DatasetNotFound(f"dataset {name!r} does not exist")
+            os.makedirs(local, exist_ok=True)
+        return pafs.PyFileSystem(DeltaStorageHandler(self.uri(name), options=self.delta_options()))
+
+    def make_dir(self, name: str, directory: str) -> None:
+        """Create a directory of the table (object stores have none to create)."""
+        local = self.local_dir(name)
+        if local is not None:
+            os.makedirs(os.path.join(local, directory), exist_ok=True)
+
+    def remove_empty_dirs(self, name: str, paths: Sequence[str]) -> None:
+        """Remove the directories that deleting ``paths`` left empty (local storage only)."""
+        local = self.local_dir(name)
+        if local is None:
+            return
+        for d in sorted({os.path.dirname(p) for p in paths}, key=lambda d: -d.count("/")):
+            while d:
+                try:
+                    os.rmdir(os.path.join(local, d))
+                except OSError:
+                    break
+                d = os.path.dirname(d)
+        if not os.path.isdir(os.path.join(local, "_delta_log")):
+            with contextlib.suppress(OSError):
+                os.rmdir(local)  # a dataset that was never created leaves nothing behind
+
+    def open_table(
+        self, name: str, version: int | None = None, timestamp: dt.datetime | None = None
+    ) -> DeltaTable:
+        """The table at its latest version, at ``version``, or at the last version committed
+        at or before ``timestamp``."""
+        self.validate_name(name)
+        if version is not None and timestamp is not None:
+            raise InvalidRequest("give a version or a timestamp to time travel to, not both")
+        if version is not None and require_int(version, "version") < 0:
+            raise InvalidRequest(f"version must be >= 0, got {version}")
+        if timestamp is not None:
+            if not self.exists(name):
+                raise DatasetNotFound(f"dataset {name!r} does not exist")
+            version = delta_log.version_at(self.filesystem(name), name, _utc(timestamp))
+        try:
+            return DeltaTable(self.uri(name), version=version, storage_options=self.delta_options())
+        except TableNotFoundError as exc:
+            raise DatasetNotFound(
+                f"dataset {name!r} does not exist; create it, or check the name (list datasets)"
+            ) from exc
+        except DeltaError as exc:
+            if version is None or not self.exists(name):
+                raise delta_error(name, exc) from exc
+            raise VersionNotFound(
+                f"dataset {name!r} has no version {version} (the latest is "
+                f"{self.latest_version(name)}; old versions go when the log is cleaned up); "
+                "pick a version from its history"
+            ) from exc
+
+    def exists(self, name: str) -> bool:
+        self.validate_name(name)
+        return bool(DeltaTable.is_deltatable(self.uri(name), storage_options=self.delta_options()))
+
+    def latest_version(self, name: str) -> int:
+        versions = delta_log.commit_times(self.filesystem(name)) if self.exists(name) else {}
+        if not versions:
+            raise DatasetNotFound(f"dataset {name!r} does not exist")
+        return max(versions)
+
+    def table_id(self, name: str) -> str:
+        """The table's identity, Delta's ``metaData.id``: fixed when the table is created, so
+        a dataset dropped and created again under the same name has another one. Streaming
+        offsets carry it (as Delta's source does) to notice a checkpoint of another table."""
+        return self.pinned_meta(name, self.latest_version(name))[2]
+
+    def pinned(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...]]:
+        """Schema and partition columns of one version, cached: a version never changes."""
+        schema, parts, _ = self.pinned_meta(name, version)
+        return schema, parts
+
+    def pinned_meta(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...], str]:
+        """Schema, partition columns and table id of one version, cached by its commit file."""
+        self.validate_name(name)
+        if require_int(version, "version") < 0:
+            raise InvalidRequest(f"version must be >= 0, got {version}")
+        info = self.filesystem(name).get_file_info(f"_delta_log/{version:020d}.json")
+        key = (name, version, info.size, info.mtime_ns)
+        if info.type == pafs.FileType.File:
+            with self._lock:
+                if key in self._pinned_cache:
+                    self._pinned_cache.move_to_end(key)
+                    return self._pinned_cache[key]
+        table = self.open_table(name, version)
+        metadata = table.metadata()
+        meta = (
+            pa.schema(table.schema().to_arrow()),
+            tuple(metadata.partition_columns),
+            str(metadata.id),
+        )
+        if info.type == pafs.FileType.File:
+            with self._lock:
+                self._pinned_cache[key] = meta
+                while len(self._pinned_cache) > _META_CACHE_SIZE:
+                    self._pinned_cache.popitem(last=False)
+        return meta
+
+
+def delta_error(name: str, exc: DeltaError) -> DatasetError:
+    """The dataset error a deltalake failure on dataset ``name`` means."""
+    if isinstance(exc, CommitFailedError):
+        return Conflict(f"a commit to dataset {name!r} failed: {exc}; retry it")
+    if isinstance(exc, TableNotFoundError):
+        return DatasetNotFound(f"dataset {name!r} does not exist")
+    return InternalError(f"Delta Lake error on dataset {name!r}: {exc}")

@@ -100,7 +100,6 @@ class ChannelTables(Output):
     def receiver_closed(self, rm: ReceiverSM, terminal: Terminal) -> None:
         """Send final acks and CLOSE_RECEIVER, destroy the SM (finish, cancel, app close)."""
         self.ctrl_write(rm, rm.final_acks(), fin=True)
-        rm.alive = False
         del self.receivers[rm.chanid]
         ep = self.endpoints[rm.chanid]
         self._set_terminal(ep, terminal)
@@ -261,7 +260,7 @@ class ChannelTables(Output):
                 if isinstance(sm, SenderSM):
                     sm.teardown(reset_ctrl=True)
                 else:
-                    sm.alive = False
+                    sm.abandon()
                     if sm.ctrl_stream is not None:
                         self.reset(sm.ctrl_stream)
             if ep is not None:
@@ -309,7 +308,7 @@ class ChannelTables(Output):
                     else:
                         rm = self.receivers.get(child.chanid)
                         if rm is not None:
-                            self.receiver_closed(rm, Terminal.CLOSED)
+                            rm.close()
                         work.append(child)
                     self._maybe_free(child)
 
@@ -323,7 +322,7 @@ class ChannelTables(Output):
         else:
             rm = self.receivers.pop(chanid, None)
             if rm is not None:
-                rm.alive = False
+                rm.abandon()
                 if rm.ctrl_stream is not None:
                     self.reset(rm.ctrl_stream)
         ep = self.endpoints.get(chanid)
@@ -369,7 +368,7 @@ class ChannelTables(Output):
         for sm in self.senders.values():
             sm.alive = False
         for rm in self.receivers.values():
-            rm.alive = False
+            rm.abandon()
         self.senders.clear()
         self.receivers.clear()
         self.lineage.nodes.clear()

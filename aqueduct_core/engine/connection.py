@@ -196,7 +196,7 @@ class Connection(Dispatch):
         ep.app_done = True
         rm = self.receivers.get(chanid)
         if rm is not None:
-            self.receiver_closed(rm, Terminal.CLOSED)
+            rm.close()
         else:
             self._discard_queue(ep)
         self._maybe_free(ep)

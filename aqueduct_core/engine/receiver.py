@@ -1,7 +1,19 @@
 """The receiver state machine (profile §2.6, §2.7 for oneshots, §3.4 for credit).
 
-States: OPEN -> FINISH_PENDING (FINISH seen, waiting for data and unreliable decisions) ->
-CLOSED (CLOSE_RECEIVER sent; the machine is destroyed, the application object may remain).
+States (:class:`RecvState`), moved only through :data:`TRANSITIONS`, plain data like h11's::
+
+    OPEN --FINISH_SENDER--> FINISH_PENDING --COMPLETE--> CLOSED
+    OPEN --CANCEL_SENDER or APP_CLOSE--> CLOSED <--APP_CLOSE-- FINISH_PENDING
+    OPEN or FINISH_PENDING --ABANDON--> ABANDONED
+
+OPEN takes messages and SENT_UNRELIABLE. FINISH_PENDING (FINISH_SENDER seen, or a oneshot's
+message 0, which implies "finished with 1", §2.7) still takes the messages FINISH counted,
+and waits until every reliable one arrived and every declared unreliable number was decided
+(never earlier, case 43). CLOSED: CLOSE_RECEIVER was sent, after the final acks (G17); the
+machine is destroyed, the application's endpoint may remain. ABANDONED: destroyed without
+CLOSE, because the channel is lost, forgotten, or the connection ended. A frame from the
+peer that the table does not allow in the current state is a RemoteProtocolError; the
+engine's own inputs (COMPLETE, APP_CLOSE, ABANDON) out of place would be a bug in the engine.
 
 Ack policy: "received means acked" (§2.6). Every received message is acked within the ack
 delay, and before CLOSE_RECEIVER (G17), so a message the application dequeued can never be
@@ -12,6 +24,7 @@ and the DEQUEUED deltas (§3.2 item 5) well defined.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -31,6 +44,54 @@ from aqueduct_core.wire.frames import (
     push_frame,
 )
 from aqueduct_core.wire.primitives import MAX_U64
+
+
+class RecvState(enum.Enum):
+    OPEN = "open"
+    FINISH_PENDING = "finish pending"
+    """FINISH_SENDER seen: waiting for its messages and for unreliable decisions."""
+    CLOSED = "closed"
+    """CLOSE_RECEIVER sent (finished, cancelled, or closed by the application)."""
+    ABANDONED = "abandoned"
+    """Destroyed without CLOSE: lost, forgotten, or the connection ended."""
+
+
+class RecvInput(enum.Enum):
+    """What moves a receiver: frames from the peer, then the engine's own inputs."""
+
+    MESSAGE = "MESSAGE"
+    SENT_UNRELIABLE = "SENT_UNRELIABLE"
+    FINISH_SENDER = "FINISH_SENDER"
+    """Also a oneshot's message 0 (§2.7)."""
+    CANCEL_SENDER = "CANCEL_SENDER"
+    COMPLETE = "complete"
+    """After FINISH: every reliable message arrived and every unreliable number is decided."""
+    APP_CLOSE = "application close"
+    """The application closed the receiver, or the message carrying it was discarded."""
+    ABANDON = "abandon"
+
+
+_S, _I = RecvState, RecvInput
+TRANSITIONS: dict[tuple[RecvState, RecvInput], RecvState] = {
+    (_S.OPEN, _I.MESSAGE): _S.OPEN,
+    (_S.OPEN, _I.SENT_UNRELIABLE): _S.OPEN,
+    (_S.OPEN, _I.FINISH_SENDER): _S.FINISH_PENDING,
+    (_S.OPEN, _I.CANCEL_SENDER): _S.CLOSED,
+    (_S.OPEN, _I.APP_CLOSE): _S.CLOSED,
+    (_S.OPEN, _I.ABANDON): _S.ABANDONED,
+    (_S.FINISH_PENDING, _I.MESSAGE): _S.FINISH_PENDING,
+    (_S.FINISH_PENDING, _I.COMPLETE): _S.CLOSED,
+    (_S.FINISH_PENDING, _I.APP_CLOSE): _S.CLOSED,
+    (_S.FINISH_PENDING, _I.ABANDON): _S.ABANDONED,
+}
+"""Every allowed (state, input) and the state it leads to; any other pair is refused."""
+
+_FROM_PEER = frozenset({_I.MESSAGE, _I.SENT_UNRELIABLE, _I.FINISH_SENDER, _I.CANCEL_SENDER})
+_REFUSED = {
+    _I.SENT_UNRELIABLE: "SENT_UNRELIABLE after FINISH_SENDER or CANCEL_SENDER",
+    _I.FINISH_SENDER: "a second FINISH_SENDER, or FINISH after CANCEL",
+    _I.CANCEL_SENDER: "a second CANCEL_SENDER, or CANCEL after FINISH",
+}
 
 
 class ReceiverHost(Protocol):
@@ -56,7 +117,7 @@ class ReceiverSM:
         self.conn = conn
         self.chanid = chanid
         self.oneshot = oneshot
-        self.alive = True
+        self.state = RecvState.OPEN
         self.received = RangeSet()
         """Reliable numbers received at or above ``rel_base``."""
         self.rel_base = 0
@@ -73,18 +134,47 @@ class ReceiverSM:
         self.deadline_armed = False
         self.ack_armed = False
         self.finish_count: int | None = None
-        self.cancelled = False
         self.ctrl_stream: int | None = None
         # flow control (§3.4): bytes received minus bytes reported dequeued
         self.in_flight = 0
         self.unreported = 0
         self.deq_armed = False
 
+    # -- the state table ---------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """The machine still runs: not closed, not abandoned."""
+        return self.state is _S.OPEN or self.state is _S.FINISH_PENDING
+
+    def _move(self, event: RecvInput) -> None:
+        """Take ``event`` through :data:`TRANSITIONS`, or refuse it."""
+        new = TRANSITIONS.get((self.state, event))
+        if new is None:
+            if event in _FROM_PEER:
+                raise RemoteProtocolError(
+                    _REFUSED.get(event, f"{event.value} in receiver state {self.state.value}")
+                )
+            raise AssertionError(f"engine bug: {event.value} in receiver state {self.state.value}")
+        self.state = new
+
+    def close(self) -> None:
+        """The application closed the receiver (or its carrying message was discarded):
+        final acks, then CLOSE_RECEIVER (G17)."""
+        self._move(_I.APP_CLOSE)
+        self.conn.receiver_closed(self, Terminal.CLOSED)
+
+    def abandon(self) -> None:
+        """Destroyed without CLOSE (lost, forgotten, connection ended): timers fall silent.
+        The control stream, if any, is the connection's to reset."""
+        self._move(_I.ABANDON)
+
     # -- frames from the sender --------------------------------------------------------
 
     def on_message(self, frame: Message, datagram: bool, reserved: int = 0) -> None:
         """``reserved``: bytes of this message already charged by :meth:`reserve` while its
         payload was arriving."""
+        self._move(_I.MESSAGE)
         n = frame.num
         if datagram:
             if self.oneshot:
@@ -116,6 +206,8 @@ class ReceiverSM:
         self._charge(cost, already=reserved)
         if self.oneshot:
             self.finish_count = 1  # message 0 implies "finished with 1" (§2.7)
+            if self.state is _S.OPEN:
+                self._move(_I.FINISH_SENDER)
             self._check_complete()
             return
         if not self.ack_armed:
@@ -127,8 +219,7 @@ class ReceiverSM:
     def on_sent_unreliable(self, count: int) -> None:
         if self.oneshot:
             raise RemoteProtocolError("SENT_UNRELIABLE on a oneshot channel")
-        if self.finish_count is not None or self.cancelled:
-            raise RemoteProtocolError("SENT_UNRELIABLE after FINISH_SENDER or CANCEL_SENDER")
+        self._move(_I.SENT_UNRELIABLE)
         self.unrel_declared += count
         if self.unrel_declared > MAX_U64:
             raise RemoteProtocolError("SENT_UNRELIABLE total overflows")
@@ -175,8 +266,7 @@ class ReceiverSM:
             self.in_flight -= cost
 
     def on_finish(self, count: int) -> None:
-        if self.finish_count is not None or self.cancelled:
-            raise RemoteProtocolError("a second FINISH_SENDER, or FINISH after CANCEL")
+        self._move(_I.FINISH_SENDER)
         if self.oneshot and count > 1:
             raise RemoteProtocolError("FINISH_SENDER > 1 on a oneshot channel")
         top = self.received.ranges()[-1][1] if self.received else 0
@@ -188,23 +278,23 @@ class ReceiverSM:
         self._check_complete()
 
     def on_cancel(self) -> None:
-        if self.cancelled or self.finish_count is not None:
-            raise RemoteProtocolError("a second CANCEL_SENDER, or CANCEL after FINISH")
-        self.cancelled = True
+        self._move(_I.CANCEL_SENDER)
         self.conn.receiver_closed(self, Terminal.CANCELLED)
 
     # -- completion --------------------------------------------------------------------
 
     def _check_complete(self) -> None:
-        count = self.finish_count
-        if count is None or not self.alive:
+        if self.state is not _S.FINISH_PENDING:
             return
+        count = self.finish_count
+        assert count is not None
         if self.received.first_gap(self.rel_base) < count:
             return
         # received numbers will be acked by final_acks: nothing left to wait for
         upto = self.unrel_pending.first_gap(self.unrel_cursor)
         if upto < self.unrel_declared:
             return  # unreliable numbers still missing: never nack early (case 43)
+        self._move(_I.COMPLETE)
         self.conn.receiver_closed(self, Terminal.FINISHED)
 
     # -- unreliable deadlines ----------------------------------------------------------

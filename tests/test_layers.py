@@ -44,7 +44,6 @@ KNOWN_UPWARD: set[str] = {
     "aqueduct_spark.service.cli imports aqueduct_spark.client (layer aqueduct_spark.service -> aqueduct_spark.client)",
 }
 KNOWN_CIRCLES: set[str] = {
-    "aqueduct_core.api.channel <-> aqueduct_core.api.connection",
     "aqueduct_spark.datasource <-> aqueduct_spark.stream_reader <-> aqueduct_spark.stream_writer",
 }
 

@@ -22,8 +22,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from aqueduct_core.engine import Connection as Engine
 from aqueduct_core.engine.events import Terminal
 from aqueduct_core.engine.sender import Mode, QueuePolicy
 from aqueduct_core.errors import (
@@ -36,9 +37,6 @@ from aqueduct_core.errors import (
     WouldBlock,
 )
 from aqueduct_core.wire.primitives import Headers, check_headers
-
-if TYPE_CHECKING:
-    from aqueduct_core.api.connection import Connection
 
 T = TypeVar("T")
 DEFAULT_MAXSIZE = 16
@@ -92,6 +90,24 @@ class _Pair:
                 fut.set_result(None)
 
 
+class ChannelHost(Protocol):
+    """What a networked handle uses of its connection. :class:`~.connection.Connection` is
+    the one implementation; it imports this module, and this module never imports it back."""
+
+    @property
+    def _engine(self) -> Engine: ...
+    @property
+    def is_closed(self) -> bool: ...
+    def _now(self) -> float: ...
+    def _flush(self) -> None: ...
+    def _register(self, chanid: int, handle: Handle) -> None: ...
+    def _drop(self, chanid: int, sender: bool) -> None: ...
+    def _send(self, handle: _SendEnd, value: Any, headers: Headers) -> None: ...
+    def _recv(self, handle: Receiver[Any]) -> Delivery[Any]: ...
+    async def _wait(self, chanid: int) -> None: ...
+    async def _wait_terminal(self, chanid: int) -> Terminal | None: ...
+
+
 class _State(enum.Enum):
     LOCAL = "local"
     NETWORKED = "networked"
@@ -108,7 +124,7 @@ class Handle:
     def __init__(self, pair: _Pair | None) -> None:
         self._pair = pair
         self._state = _State.LOCAL if pair is not None else _State.NETWORKED
-        self._conn: Connection | None = None
+        self._conn: ChannelHost | None = None
         self._chanid = -1
         self._mode = Mode.ORDERED
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -145,7 +161,7 @@ class Handle:
                 "this handle was sent to the peer inside a message; it is the peer's now"
             )
 
-    def _bind(self, conn: Connection, chanid: int) -> None:
+    def _bind(self, conn: ChannelHost, chanid: int) -> None:
         """Become the networked end of ``chanid`` on ``conn``."""
         self._conn = conn
         self._chanid = chanid
@@ -174,7 +190,7 @@ class Handle:
         return f"<{type(self).__name__} {where} {self._state.value}>"
 
 
-def _backstop(conn_ref: weakref.ref[Connection], chanid: int, sender: bool, kind: str) -> None:
+def _backstop(conn_ref: weakref.ref[ChannelHost], chanid: int, sender: bool, kind: str) -> None:
     conn = conn_ref()
     if conn is None or conn.is_closed:
         return
@@ -201,7 +217,7 @@ class _SendEnd(Handle):
         self._policy = QueuePolicy.BLOCK
         self._maxsize: int | None = DEFAULT_MAXSIZE
 
-    def _bind(self, conn: Connection, chanid: int) -> None:
+    def _bind(self, conn: ChannelHost, chanid: int) -> None:
         super()._bind(conn, chanid)
         if not isinstance(self, OneshotSender):
             # The queue bound lives in the engine once networked: give it ours (the

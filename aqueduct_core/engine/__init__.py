@@ -18,6 +18,11 @@ everything deterministically, thousands of runs a second. Section numbers below 
 The pieces
 ----------
 
+Where they live: :class:`Connection` is built in layers, each module using only those below
+it (:mod:`.output`, :mod:`.channels`, :mod:`.handshake`, :mod:`.dispatch`, :mod:`.connection`),
+and the state machines (:mod:`.sender`, :mod:`.receiver`) reach their connection only through
+the small protocol each declares (``SenderHost``, ``ReceiverHost``), never by importing it.
+
 *Frames in.* Every QUIC stream and datagram carries one frame sequence,
 ``prelude* [ROUTE_TO routed*]`` (§1.2, G3), parsed by :mod:`aqueduct_core.wire`. Prelude
 frames run the handshake at once (G25): a sequence that does not start with VERSION before we

@@ -17,7 +17,7 @@ The transport feeds it QUIC events (``stream_data``, ``stream_reset``, ``datagra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aqueduct_core.engine.channels import NewChannel
@@ -25,6 +25,7 @@ from aqueduct_core.engine.config import EngineConfig
 from aqueduct_core.engine.dispatch import Dispatch
 from aqueduct_core.engine.endpoint import Endpoint
 from aqueduct_core.engine.events import CloseConnection, Terminal
+from aqueduct_core.engine.handshake import HeaderPairs, ServerHeaders
 from aqueduct_core.engine.sender import Mode, Outgoing, QueuePolicy, SendState
 from aqueduct_core.errors import (
     ChannelClosed,
@@ -65,8 +66,8 @@ class Connection(Dispatch):
         side: Side,
         config: EngineConfig | None = None,
         *,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        server_headers: Callable[[Headers], Iterable[tuple[bytes, bytes]]] | None = None,
+        headers: HeaderPairs = (),
+        server_headers: ServerHeaders | None = None,
     ) -> None:
         super().__init__(side, config, headers, server_headers)
 

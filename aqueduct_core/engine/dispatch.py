@@ -14,10 +14,8 @@ across streams. Memory grows only with what we granted, never with what a peer a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 from aqueduct_core.engine.config import EngineConfig
-from aqueduct_core.engine.handshake import Handshake
+from aqueduct_core.engine.handshake import Handshake, HeaderPairs, ServerHeaders
 from aqueduct_core.engine.receiver import ReceiverSM
 from aqueduct_core.engine.sender import SenderSM
 from aqueduct_core.errors import CloseCode, RemoteProtocolError
@@ -41,7 +39,6 @@ from aqueduct_core.wire.frames import (
     cost_of,
 )
 from aqueduct_core.wire.parser import StreamParser, parse_datagram
-from aqueduct_core.wire.primitives import Headers
 
 _SENDER_FRAMES = (Message, SentUnreliable, FinishSender, CancelSender)
 
@@ -83,8 +80,8 @@ class Dispatch(Handshake):
         self,
         side: Side,
         config: EngineConfig | None,
-        headers: Iterable[tuple[bytes, bytes]],
-        server_headers: Callable[[Headers], Iterable[tuple[bytes, bytes]]] | None,
+        headers: HeaderPairs,
+        server_headers: ServerHeaders | None,
     ) -> None:
         super().__init__(side, config, headers, server_headers)
         self._waiting: list[FrameSequence] = []

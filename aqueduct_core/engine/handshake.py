@@ -28,6 +28,10 @@ from aqueduct_core.wire.frames import (
 )
 from aqueduct_core.wire.primitives import Headers, check_headers
 
+HeaderPairs = Iterable[tuple[bytes, bytes]]
+ServerHeaders = Callable[[Headers], HeaderPairs]
+"""A server's connection headers, chosen from the client's (raise to refuse the client)."""
+
 
 class Handshake(ChannelTables):
     """Handshake state of one connection."""
@@ -36,8 +40,8 @@ class Handshake(ChannelTables):
         self,
         side: Side,
         config: EngineConfig | None,
-        headers: Iterable[tuple[bytes, bytes]],
-        server_headers: Callable[[Headers], Iterable[tuple[bytes, bytes]]] | None,
+        headers: HeaderPairs,
+        server_headers: ServerHeaders | None,
     ) -> None:
         super().__init__(side, config)
         self._own_headers = check_headers(headers, "connection headers")

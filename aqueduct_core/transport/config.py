@@ -23,8 +23,8 @@ AIOQUIC_MAX_PACKET = 16384
 QH3_MAX_PACKET = 65507
 """The largest UDP payload over IPv4."""
 ETHERNET_PACKET = 1472
-"""1500-byte MTU minus IPv4 and UDP headers: the size off loopback until the path's route
-is known (``pmtu.py`` then sizes each connection from it)."""
+"""1500-byte MTU minus IPv4 and UDP headers: the size off loopback until the path is known
+(``pmtu.py`` then sizes each connection from its route and probes)."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,11 @@ class TransportConfig:
     """``auto`` uses qh3 when it is installed (2-3x less CPU per byte), else aioquic."""
     packet_size: int | None = None
     """QUIC packet (UDP payload) size. None: the largest the backend can do on loopback
-    (aioquic 16384, qh3 65507); to any other address, the MTU of the route to the peer
-    minus the IP and UDP headers (1472 on Ethernet, 8972 on jumbo frames), found per
-    connection at each end (``pmtu.py``). Set it only to override that; paths that cannot
-    carry it lose every large packet."""
+    (aioquic 16384, qh3 65507); to any other address, the largest the path carries, found
+    per connection: from the MTU of the route to the peer minus the IP and UDP headers (1472
+    on Ethernet, 8972 on jumbo frames), then probed larger and smaller before the handshake
+    (RFC 8899, ``pmtu.py``). Set it only to override that (where probes cannot pass); paths
+    that cannot carry it lose every large packet."""
     socket_buffer: int = 4 * 1024 * 1024
     """SO_RCVBUF and SO_SNDBUF. Without large buffers, large packets are lost in bursts.
     The kernel caps them at net.core.rmem_max / wmem_max."""

@@ -195,8 +195,10 @@ LADDER = (1200, 1232, 1280, 1350, 1400, 1452, 1472, 2048, 4052, 8164, 8972, 9188
 Ethernet), 4096 and 8192 (some virtual links), 9000 and 9216 (jumbo frames), 16384, 65535."""
 PROBE_WAIT = 0.25
 """Seconds to wait for the first answer; a peer that does not answer keeps the route's size."""
-PROBE_SETTLE = 0.002
-"""After the first answer, wait ``2 * its round trip + PROBE_SETTLE`` for the others."""
+PROBE_SETTLE = 0.025
+"""After the first answer, wait ``3 * its round trip + PROBE_SETTLE`` for the others: a
+peer on a busy host answers a burst of probes in pieces, tens of milliseconds apart. Only a
+path that loses probes in the middle pays it; sizes the first hop refuses are not awaited."""
 REFINE_STEPS = 6
 """Sizes of the second round, evenly between the largest answered and the next lost."""
 
@@ -249,18 +251,18 @@ async def search(transport: Any, addr: Any, start: int, limit: int) -> int | Non
 
     async def round_trip(sizes: list[int]) -> None:
         """Probe ``sizes``; wait for the first answer (at most PROBE_WAIT, or, once a round
-        trip is known, twice it), then twice its round trip for the others. A size the
-        first hop refuses (EMSGSIZE) is lost at once and not waited for."""
+        trip is known, the settling time), then the settling time for the others. A size
+        the first hop refuses (EMSGSIZE) is lost at once and not waited for."""
         sent = loop.time()
         waiting = [
             s for s in sizes if transport.send_probe(encode_probe(PROBE_ASK, nonce, s), addr)
         ]
-        end = sent + (2 * rtt[0] + PROBE_SETTLE if rtt else PROBE_WAIT)
+        end = sent + (3 * rtt[0] + PROBE_SETTLE if rtt else PROBE_WAIT)
         while any(size not in answered for size in waiting):
             now = loop.time()
             if not rtt and any(size in answered for size in waiting):
                 rtt.append(now - sent)
-                end = now + 2 * rtt[0] + PROBE_SETTLE
+                end = now + 3 * rtt[0] + PROBE_SETTLE
             if now >= end:
                 return
             event.clear()

@@ -491,7 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     from aqueduct_core.transport import make_dev_certificates
     from benchmarks.common import machine, write_json
 
-    results: dict[str, Any] = {"machine": machine(), "rows": args.rows, "runs": []}
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "runs": [],
+        "command": " ".join(["sudo .venv/bin/python -m benchmarks.bench_realpath", *sys.argv[1:]]),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_before": [round(x, 1) for x in os.getloadavg()],
+    }
     with tempfile.TemporaryDirectory(prefix="aqueduct-realpath-") as tmp:
         root = Path(tmp) / "root"
         print(f"writing {args.rows:,} rows ...", flush=True)
@@ -514,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             link.set_loss(0.0)
         results["arrow_bytes"] = expect["bytes"]
+        results["load_after"] = [round(x, 1) for x in os.getloadavg()]
     print_table(results)
     print(
         f"({expect['bytes'] / 1e6:.0f} MB of Arrow, {args.rows:,} rows, median of {args.repeat}; "

@@ -146,6 +146,17 @@ def section_realpath(data: dict[str, Any]) -> list[str]:
         "checked value by value. CPU s/GB: CPU seconds of the client process and of the server "
         "process per GB of Arrow data.",
         "",
+    ]
+    if "command" in data:
+        lines += [
+            f"Run: `{data['command']}` (median of {data['repeat']}), started {data['started']}; "
+            f"load average (1, 5, 15 min) {', '.join(map(str, data['load_before']))} at the "
+            f"start and {', '.join(map(str, data.get('load_after', [])))} at the end, on 2 "
+            "cores shared with other work: every process got a fraction of a core, so the "
+            "seconds are long; the ratios and the CPU seconds per GB are the figures to compare.",
+            "",
+        ]
+    lines += [
         "| MTU | loss | path | s | MB/s | vs Flight | client CPU s/GB | server CPU s/GB |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -158,7 +169,8 @@ def section_realpath(data: dict[str, Any]) -> list[str]:
             )
     lines += [
         "",
-        "Packet sizes come from the path (1472 at MTU 1500, 8972 at 9000; UDP GSO/GRO on). "
+        "Packet sizes are found per connection, with no option on either end: from the "
+        "route's MTU, then probed (RFC 8899): 1472 at MTU 1500, 8972 at 9000; UDP GSO/GRO on. "
         "Where the time goes, the profile and what is left: "
         "[benchmarks/transport.md](benchmarks/transport.md), section *Real network paths*.",
     ]

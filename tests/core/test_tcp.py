@@ -166,6 +166,19 @@ def test_tls_is_checked_like_quic() -> None:
     run(main())
 
 
+def test_a_pinned_client_skips_the_system_ca_store() -> None:
+    """A pin consults no CA: loading the system store would only cost every connection (and
+    every Spark task) tens of milliseconds. Verification by CA still loads it."""
+    from aqueduct_core.transport.tcp import client_context
+
+    pinned = client_context(ClientTLS(fingerprint="ab" * 32), "h")
+    assert pinned.cert_store_stats()["x509_ca"] == 0
+    assert pinned.verify_mode == ssl.CERT_NONE and not pinned.check_hostname
+    assert pinned.minimum_version == ssl.TLSVersion.TLSv1_3
+    system = client_context(ClientTLS(), "h")
+    assert system.verify_mode == ssl.CERT_REQUIRED and system.check_hostname
+
+
 # -- hostile peers and faults -------------------------------------------------------------
 
 

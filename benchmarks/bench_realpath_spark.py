@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.bench_realpath import ROOT, require_root, spawn_in, stop, veth_link
 
 READY = "SPARK_RESULT "
+PATHS = ("aqueduct-tcp", "aqueduct-quic")
 
 
 def spark_client(spec: dict[str, Any]) -> None:
@@ -62,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        default=list(PATHS),
+        choices=list(PATHS),
+        help="Aqueduct paths to measure (the Flight data source always runs first)",
+    )
     ap.add_argument("--spark-client", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.spark_client:
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 "aqueduct-tcp": ("aqueduct", {**aq, "transport": "tcp"}),
                 "aqueduct-quic": ("aqueduct", {**aq, "transport": "quic", "backend": "qh3"}),
             }
+            paths = {k: v for k, v in paths.items() if k == "flight-tls" or k in args.paths}
             spec = {"rows": args.rows, "repeat": args.repeat, "paths": paths}
             out = subprocess.run(
                 [

@@ -20,6 +20,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from aqueduct_spark.client import Client
+    from aqueduct_spark.testing import ServiceProcess
 
 ROWS = 1_000_000
 APPENDS = 5
@@ -83,7 +90,7 @@ def main() -> int:
     return 0
 
 
-def start_spark():  # type: ignore[no-untyped-def]
+def start_spark() -> SparkSession:
     from pyspark.sql import SparkSession
 
     from aqueduct_spark.datasource import register
@@ -104,7 +111,7 @@ def start_spark():  # type: ignore[no-untyped-def]
     return spark
 
 
-def run(spark, svc, tmp: Path, total: int) -> None:  # type: ignore[no-untyped-def]
+def run(spark: SparkSession, svc: ServiceProcess, tmp: Path, total: int) -> None:
     import pyarrow as pa
 
     opts = svc.options
@@ -187,7 +194,7 @@ def run(spark, svc, tmp: Path, total: int) -> None:  # type: ignore[no-untyped-d
         )
 
 
-def wait_for_rows(client, name: str, rows: int, timeout: float) -> None:  # type: ignore[no-untyped-def]
+def wait_for_rows(client: Client, name: str, rows: int, timeout: float) -> None:
     from aqueduct_spark.protocol import DatasetNotFound
 
     deadline = time.monotonic() + timeout

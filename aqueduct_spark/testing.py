@@ -75,7 +75,7 @@ def start_service(
 ) -> ServiceProcess:
     """Run ``aqueduct serve`` on loopback and wait for its ready line. ``args`` are more
     ``serve`` flags (``["--max-scans", "2"]``)."""
-    cmd = [sys.executable, "-m", "aqueduct_spark.service.cli", "serve", "--root", str(root)]
+    cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
     cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend, *args]
     if token:
         cmd += ["--token", token]

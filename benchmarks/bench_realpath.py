@@ -219,7 +219,7 @@ def aqueduct_variant(backend: str) -> Variant:
     def serve(
         link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace
     ) -> tuple[Any, dict[str, Any]]:
-        cmd = ["-m", "aqueduct_spark.service.cli", "serve", "--root", str(root)]
+        cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
         cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
         cmd += ["--cert", certs["cert"], "--key", certs["key"]]
         if args.packet_size:

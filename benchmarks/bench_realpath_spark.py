@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         tls = make_dev_certificates(Path(tmp) / "tls", ("localhost", link.server_ip))
         procs = []
         try:
-            cmd = ["-m", "aqueduct_spark.service.cli", "serve", "--root", str(root)]
+            cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
             cmd += ["--host", link.server_ip, "--port", "0", "--backend", "qh3"]
             cmd += ["--cert", str(tls.cert_file), "--key", str(tls.key_file)]
             svc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")

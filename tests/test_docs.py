@@ -110,7 +110,7 @@ def anchors(text: str) -> set[str]:
 
 
 def test_spark_options_table_is_exactly_OPTIONS() -> None:
-    from aqueduct_spark.options import OPTIONS
+    from aqueduct_spark.datasource.options import OPTIONS
 
     found = [
         rows
@@ -134,7 +134,7 @@ def test_spark_options_table_is_exactly_OPTIONS() -> None:
 
 
 def test_spark_options_mentioned_in_prose_exist() -> None:
-    from aqueduct_spark.options import OPTIONS
+    from aqueduct_spark.datasource.options import OPTIONS
 
     text = read("spark-options.md")
     known = {o.name for o in OPTIONS} | {"dataset"}
@@ -151,7 +151,7 @@ CLI_ENV = ("AQUEDUCT_URL", "AQUEDUCT_TOKEN", "AQUEDUCT_FINGERPRINT", "AQUEDUCT_R
 @pytest.fixture
 def parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
     """The real parser, built without environment overrides of its defaults."""
-    from aqueduct_spark.service.cli import build_parser
+    from aqueduct_spark.cli import build_parser
 
     for var in CLI_ENV:
         monkeypatch.delenv(var, raising=False)
@@ -252,19 +252,20 @@ def test_example_commands_parse(parser: argparse.ArgumentParser) -> None:
 
 def test_environment_variables_are_documented() -> None:
     import aqueduct_core.transport.config as transport_config
-    import aqueduct_spark.service.cli as cli
+    from aqueduct_spark.cli import arguments, datasets, serve
 
     text = read("cli.md")
-    sources = inspect.getsource(cli) + inspect.getsource(transport_config)
+    modules = (arguments, datasets, serve, transport_config)
+    sources = "".join(inspect.getsource(m) for m in modules)
     for var in set(re.findall(r"AQUEDUCT_[A-Z]+", sources)) - {"AQUEDUCT_READY"}:
         assert f"`{var}`" in text, f"cli.md does not document {var}"
     assert "AQUEDUCT_READY" in text
 
 
 def test_ready_line_fields_are_documented() -> None:
-    import aqueduct_spark.service.cli as cli
+    from aqueduct_spark.cli.serve import cmd_serve
 
-    source = inspect.getsource(cli.cmd_serve)
+    source = inspect.getsource(cmd_serve)
     banner = re.search(r"banner = \{(.*?)\n    \}", source, flags=re.S)
     assert banner is not None
     text = read("cli.md")
@@ -282,8 +283,8 @@ ERROR_MODULES = (
     "aqueduct_core.transport.backends",
     "aqueduct_spark.protocol.errors",
     "aqueduct_spark.client.failures",
-    "aqueduct_spark.options",
-    "aqueduct_spark.stream_reader",
+    "aqueduct_spark.datasource.options",
+    "aqueduct_spark.datasource.stream_offsets",
 )
 """Where the exceptions a user can see are defined (the service raises protocol's)."""
 

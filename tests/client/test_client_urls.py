@@ -38,7 +38,7 @@ def test_accepted_addresses(url: str, expected: list[Endpoint]) -> None:
 
 
 def test_the_default_port_is_the_one_aqueduct_serve_listens_on() -> None:
-    from aqueduct_spark.service.cli import DEFAULT_URL, build_parser
+    from aqueduct_spark.cli.arguments import DEFAULT_URL, build_parser
 
     assert parse_url(DEFAULT_URL) == [("127.0.0.1", DEFAULT_PORT)]
     assert build_parser().parse_args(["serve"]).port == DEFAULT_PORT

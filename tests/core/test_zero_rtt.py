@@ -26,9 +26,9 @@ from aqueduct_core.api import channel, oneshot
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import ClientTLS, TransportConfig, connect, serve
 from aqueduct_core.transport.tls import CLIENT_SESSIONS, ServerTickets
+from aqueduct_spark import cli
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, Client, ClientConfig
-from aqueduct_spark.service import cli
 from aqueduct_spark.service.server import ServiceConfig, start
 
 pytestmark = pytest.mark.quic

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from aqueduct_spark.cli import build_parser
 from aqueduct_spark.service.admission import FairPool, Session
-from aqueduct_spark.service.cli import build_parser
 from aqueduct_spark.service.server import ServiceConfig
 
 

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import TransportConfig
-from aqueduct_spark.service.cli import main as cli
+from aqueduct_spark.cli import main as cli
 
 pytestmark = [pytest.mark.fault, pytest.mark.quic]
 

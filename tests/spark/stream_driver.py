@@ -25,7 +25,7 @@ from typing import Any
 def faulty_source(base: type) -> type:
     """The data source with a sink that can pause forever at a chosen point. Defined in a
     function: cloudpickle ships it by value to Spark's Python workers."""
-    from aqueduct_spark.stream_writer import AqueductStreamWriter
+    from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
 
     def pause(point: str, batch: Any) -> None:
         if os.environ.get("AQ_FAULT_PAUSE") == f"{point}:{batch}":
@@ -44,7 +44,7 @@ def faulty_source(base: type) -> type:
 
     class PausingSource(base):  # type: ignore[misc]
         def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-            return PausingWriter(self.opts, schema, overwrite)
+            return PausingWriter(self.opts, schema, overwrite, begin=not self.unpickled)
 
     return PausingSource
 

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from aqueduct_spark.options import OptionError, parse
+from aqueduct_core.transport import TransportConfig
+from aqueduct_spark.client import ClientConfig
+from aqueduct_spark.datasource.options import OPTIONS, OptionError, parse
 from aqueduct_spark.testing import ServiceProcess
 
 URL = "quic://127.0.0.1:4433"
@@ -38,6 +40,30 @@ def test_an_existing_absolute_cafile_is_taken(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     assert parse({"url": URL, "path": "d", "cafile": str(ca)}).cafile == str(ca)
+
+
+def test_options_left_out_give_the_client_its_own_defaults() -> None:
+    """The client's settings that are options too default as the client would by itself."""
+    given = parse({"url": URL, "path": "d"}).client_config()
+    own = ClientConfig(URL)
+    assert (given.retries, given.timeout, given.compression) == (
+        own.retries,
+        own.timeout,
+        own.compression,
+    )
+    t, own_t = given.transport, TransportConfig()
+    assert (t.backend, t.transport, t.packet_size) == (own_t.backend, own_t.transport, None)
+    assert (t.handshake_timeout, t.idle_timeout) == (own_t.handshake_timeout, own_t.idle_timeout)
+    assert t.engine.flow_window == own_t.engine.flow_window
+
+
+def test_every_documented_default_is_what_parse_gives() -> None:
+    """An option written out with its documented default changes nothing."""
+    plain = parse({"url": URL, "path": "d"})
+    unset = ("(required)", "none", "auto", "latest", "all", "none (env `AQUEDUCT_TOKEN`)")
+    for o in OPTIONS:
+        if o.default not in unset:
+            assert parse({"url": URL, "path": "d", o.name: o.default}) == plain, o.name
 
 
 @pytest.mark.spark

@@ -21,8 +21,8 @@ from stream_helpers import (
     wait_until,
 )
 
+from aqueduct_spark.datasource.stream_writer import app_id
 from aqueduct_spark.service.store import Store
-from aqueduct_spark.stream_writer import app_id
 from aqueduct_spark.testing import ServiceProcess
 
 pytestmark = pytest.mark.spark

@@ -23,8 +23,8 @@ from stream_helpers import (
 )
 
 from aqueduct_core.transport import TransportConfig
+from aqueduct_spark.datasource.stream_writer import app_id
 from aqueduct_spark.service.store import Store
-from aqueduct_spark.stream_writer import app_id
 from aqueduct_spark.testing import ServiceProcess, start_service
 
 pytestmark = [pytest.mark.spark, pytest.mark.fault]

@@ -17,7 +17,6 @@ nothing); complete mode overwrites the dataset with each batch's result.
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -27,8 +26,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from aqueduct_spark import options as O
-from aqueduct_spark.datasource import _client, writable_arrow
+from aqueduct_spark.datasource.options import Options
+from aqueduct_spark.datasource.schemas import writable_arrow
 
 log = logging.getLogger("aqueduct.stream")
 
@@ -54,14 +53,18 @@ class StreamStaged(WriterCommitMessage):
 
 
 class AqueductStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, opts: O.Options, schema: StructType, overwrite: bool) -> None:
+    """Writes one micro-batch. ``begin``: whether to begin the batch's transaction now, as
+    the planner's writer (pickled to the tasks) must; the commit's writer needs none of its
+    own, the messages carry the tasks' one (see ``AqueductDataSource.streamWriter``)."""
+
+    def __init__(
+        self, opts: Options, schema: StructType, overwrite: bool, *, begin: bool = True
+    ) -> None:
         self.opts = opts
         self.mode = "overwrite" if overwrite else "append"
         self.txn: Any = None
-        if not _in_commit_worker():
-            # The planner's writer (pickled to the tasks). The commit's writer needs no
-            # transaction of its own: the messages carry the tasks' one.
-            self.txn = _client(opts).begin(
+        if begin:
+            self.txn = opts.client().begin(
                 opts.dataset,
                 writable_arrow(schema),
                 mode=self.mode,
@@ -82,7 +85,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
             batch_id = int(raw) if raw else None
             attempt = ctx.attemptNumber()
             task = f"b{batch_id}-p{ctx.partitionId()}-a{attempt}-{task}"
-        staged = _client(self.opts).write_task(self.txn, iterator, task=task)
+        staged = self.opts.client().write_task(self.txn, iterator, task=task)
         return StreamStaged(staged, self.txn, query_id, batch_id, attempt)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
@@ -102,7 +105,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
         if stray:
             log.warning("tasks of batch %d reported batch ids %s", batchId, sorted(map(str, stray)))
         (query_id,) = query_ids
-        client = _client(self.opts)
+        client = self.opts.client()
         rows = sum(int(m.staged.get("rows", 0)) for m in done)
         files = sum(len(m.staged.get("staged", ())) for m in done)
         committed = True
@@ -132,17 +135,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
         done = [m for m in messages if isinstance(m, StreamStaged)]
         if not done:
             return  # nothing known; staged files of failed tasks go with cleanup_orphans
-        client = _client(self.opts)
+        client = self.opts.client()
         for name in sorted({m.txn.txn for m in done}):
             mine = [m.staged for m in done if m.txn.txn == name]
             client.abort(replace(done[0].txn, txn=name), mine)
-
-
-def _in_commit_worker() -> bool:
-    """Whether Spark builds this writer to commit or abort (python_streaming_sink_runner)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith("python_streaming_sink_runner.py"):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False

@@ -36,9 +36,7 @@ custom metrics in 4.3.)
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -55,21 +53,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from aqueduct_spark import options as O
 from aqueduct_spark import protocol as P
-from aqueduct_spark.datasource import _client, spark_to_arrow
+from aqueduct_spark.datasource.notifications import Subscription
+from aqueduct_spark.datasource.options import Options
+from aqueduct_spark.datasource.schemas import spark_to_arrow
+from aqueduct_spark.datasource.stream_offsets import SourceTableChanged, as_time, offset
 
 log = logging.getLogger("aqueduct.stream")
-
-
-class SourceTableChanged(P.DatasetError):
-    """The stream's offsets belong to another table than the dataset is now: the checkpoint
-    was written by a query that read another dataset, or the dataset was dropped and created
-    again. Version numbers of one table mean nothing in the other, so reading on would skip
-    or repeat data. Start the query with a new ``checkpointLocation``, or set
-    ``failOnDataLoss=false`` to start over at the earliest version of the current table."""
-
-    code = "SOURCE_TABLE_CHANGED"
 
 
 class _TableMoved(Exception):
@@ -86,21 +76,13 @@ for a notification before answering "no data": Spark then asks again, so the que
 within a notification's latency without spinning."""
 
 
-def offset(version: int, file: int = 0, table_id: str | None = None) -> dict[str, Any]:
-    """The one spelling of a position (fixed key order: Spark compares offsets as text)."""
-    out: dict[str, Any] = {"version": int(version), "file": int(file)}
-    if table_id is not None:
-        out["tableId"] = table_id
-    return out
-
-
 class StreamPartition(InputPartition):
     """Files of one micro-batch (whole files, possibly of several versions) for one task:
     everything the executor needs to read them."""
 
     def __init__(
         self,
-        opts: O.Options,
+        opts: Options,
         splits: list[dict[str, Any]],
         schema: bytes,
         columns: tuple[str, ...],
@@ -118,7 +100,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     startingTimestamp, maxRowsPerTrigger, maxBytesPerTrigger, minRowsPerTrigger,
     maxTriggerDelay, failOnDataLoss, pushNotifications, pollInterval (docs/spark-options.md)."""
 
-    def __init__(self, opts: O.Options, schema: StructType) -> None:
+    def __init__(self, opts: Options, schema: StructType) -> None:
         self.opts = opts
         self.schema = spark_to_arrow(schema)
         self._reset()
@@ -128,7 +110,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # trigger, from another process): none of it is needed there, and clients, threads
         # and locks cannot be pickled, so __getstate__ leaves all of it out.
         self._client_obj: Any = None
-        self._subscription: _Subscription | None = None
+        self._subscription: Subscription | None = None
         self._target: int | None = None  # AvailableNow: never read past this version
         self._latest = -1
         self._latest_checked = float("-inf")
@@ -150,7 +132,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def _client(self) -> Any:
         if self._client_obj is None:
-            self._client_obj = _client(self.opts)
+            self._client_obj = self.opts.client()
         return self._client_obj
 
     # -- offsets ------------------------------------------------------------------------
@@ -162,7 +144,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             history = self._client.offsets(opts.dataset)
             table_id = self._saw_table(history)
             for v in history["versions"]:
-                if _as_time(v["timestamp"]) >= opts.starting_timestamp:
+                if as_time(v["timestamp"]) >= opts.starting_timestamp:
                     return offset(v["version"], 0, table_id)
             return offset(int(history["latest"]) + 1, 0, table_id)
         if opts.starting_version == "earliest":
@@ -407,7 +389,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not isinstance(partition, StreamPartition):
             return  # Spark reads an empty micro-batch as one partition of None
         opts = partition.opts
-        client = _client(opts)
+        client = opts.client()
         schema = P.schema_from_bytes(partition.schema)
         for split in partition.splits:
             try:
@@ -440,9 +422,9 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- learning about versions --------------------------------------------------------
 
-    def _subscribed(self) -> _Subscription | None:
+    def _subscribed(self) -> Subscription | None:
         if self._subscription is None and self.opts.push_notifications and self._target is None:
-            self._subscription = _Subscription(self._client, self.opts.dataset)
+            self._subscription = Subscription(self._client, self.opts.dataset)
         return self._subscription
 
     def _refresh(self, force: bool = False) -> int:
@@ -564,43 +546,3 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.fail_on_data_loss:
             raise self._changed(old, self._table_id)
         raise _TableMoved()
-
-
-def _as_time(value: Any) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, str):
-        parsed = dt.datetime.fromisoformat(value)
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-    return dt.datetime.fromtimestamp(float(value) / 1000, dt.UTC)
-
-
-class _Subscription:
-    """Keeps ``latest`` current from the service's push channel (callbacks run on the
-    client's loop thread)."""
-
-    def __init__(self, client: Any, dataset: str) -> None:
-        self.latest = -1
-        self.alive = False
-        self._cond = threading.Condition()
-        self._future = client.subscribe(dataset, self._on_version, self._on_state)
-
-    def _on_version(self, version: int) -> None:
-        with self._cond:
-            if version > self.latest:
-                self.latest = version
-                self._cond.notify_all()
-
-    def _on_state(self, alive: bool) -> None:
-        with self._cond:
-            self.alive = alive
-            self._cond.notify_all()
-
-    def wait_newer(self, than: int, timeout: float) -> bool:
-        """Wait until a version above ``than`` is known (or push stops); True if one is."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.latest > than or not self.alive, timeout)
-            return self.latest > than
-
-    def close(self) -> None:
-        self._future.cancel()

@@ -5,6 +5,12 @@ the driver (when the DataFrame is defined) and returns typed :class:`Options`, s
 a bad value fails at once with a message naming the option and the fix, not later on an
 executor. ``OPTIONS`` is also the source of ``docs/spark-options.md`` (a test keeps the two
 equal).
+
+Each default is written once. A setting the dataset client has too (timeouts, retries,
+compression, the QUIC library, the flow window) takes its default from the client's
+configuration; the others have theirs in ``OPTIONS``, which :func:`parse` reads when an
+option is not given. A default that means "not set" (``none``, ``auto``, ``latest``) is a
+``None`` field of :class:`Options`.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from aqueduct_core.engine import EngineConfig
+from aqueduct_core.engine.config import DEFAULT_WINDOW
 from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ClientTLS, TransportConfig
+from aqueduct_spark.client import Client, ClientConfig, parse_url
 
 
 class OptionError(AqueductError, ValueError):
@@ -29,9 +37,25 @@ class OptionError(AqueductError, ValueError):
 class Option:
     name: str
     default: str
+    """As documented, and as :func:`parse` reads it when the option is not given."""
     kind: str
     """What it applies to: all, read, write, stream read, stream write."""
     meaning: str
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` as an option value (``10s``, ``500ms``): how a default is shown."""
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{round(seconds * 1000)}ms"
+
+
+def size_text(size: int) -> str:
+    """``size`` bytes as an option value (``16MB``, ``1024``): how a default is shown."""
+    for unit, scale in (("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -69,11 +93,14 @@ OPTIONS: tuple[Option, ...] = (
         "Do not verify the service certificate (local tests only; warns).",
     ),
     Option(
-        "backend", "auto", "all", "QUIC library: `auto` (qh3 if installed), `aioquic` or `qh3`."
+        "backend",
+        TransportConfig.backend,
+        "all",
+        "QUIC library: `auto` (qh3 if installed), `aioquic` or `qh3`.",
     ),
     Option(
         "transport",
-        "auto",
+        TransportConfig.transport,
         "all",
         "`quic`, `tcp` (TLS over TCP, where UDP is blocked) or `auto`: QUIC first, TCP 250 ms later if QUIC has not answered; the winner is remembered per service in each process. The environment variable AQUEDUCT_TRANSPORT replaces `auto`.",
     ),
@@ -87,30 +114,38 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "compression",
-        "none",
+        ClientConfig.compression,
         "all",
         "Arrow IPC body compression on data channels: `none`, `lz4` or `zstd` (helps on slow links).",
     ),
     Option(
-        "connectTimeout", "10s", "all", "How long to wait for the service to answer the handshake."
+        "connectTimeout",
+        duration_text(TransportConfig.handshake_timeout),
+        "all",
+        "How long to wait for the service to answer the handshake.",
     ),
-    Option("requestTimeout", "60s", "all", "How long to wait for the answer to one request."),
+    Option(
+        "requestTimeout",
+        duration_text(ClientConfig.timeout),
+        "all",
+        "How long to wait for the answer to one request.",
+    ),
     Option(
         "retries",
-        "3",
+        str(ClientConfig.retries),
         "all",
         "Reconnect attempts (with backoff) for reads and other idempotent requests.",
     ),
     Option(
         "idleTimeout",
-        "30s",
+        duration_text(TransportConfig.idle_timeout),
         "all",
         "A service silent this long is gone and the connection is reopened; lower it to notice "
         "a restarted service sooner.",
     ),
     Option(
         "flowWindow",
-        "16MB",
+        size_text(DEFAULT_WINDOW),
         "all",
         "Per-channel receive window: bytes a reader lets the service send ahead.",
     ),
@@ -293,47 +328,49 @@ def parse_file(name: str, value: str) -> str:
 
 @dataclass(frozen=True)
 class Options:
-    """Parsed options. Picklable, so Spark ships it to executors."""
+    """Parsed options. Picklable, so Spark ships it to executors. Only :func:`parse` makes
+    them: the defaults are in ``OPTIONS`` (and the client's configuration), not here."""
 
     url: str
     dataset: str
-    token: str | None = None
-    cafile: str | None = None
-    fingerprint: str | None = None
-    insecure: bool = False
-    backend: str = "auto"
-    transport: str = "auto"
-    packet_size: int | None = None
-    compression: str = "none"
-    connect_timeout: float = 10.0
-    request_timeout: float = 60.0
-    retries: int = 3
-    idle_timeout: float = 30.0
-    flow_window: int = 16 << 20
-    version_as_of: int | None = None
-    timestamp_as_of: dt.datetime | None = None
-    columns: tuple[str, ...] | None = None
-    split_size: int = 128 << 20
-    batch_rows: int = 65536
-    push_down_predicate: bool = False
-    partition_by: tuple[str, ...] = ()
-    overwrite_schema: bool = False
-    starting_version: str = "latest"
-    starting_timestamp: dt.datetime | None = None
-    max_rows_per_trigger: int | None = None
-    max_bytes_per_trigger: int | None = None
-    min_rows_per_trigger: int | None = None
-    max_trigger_delay: float = 900.0
-    fail_on_data_loss: bool = True
-    push_notifications: bool = True
-    poll_interval: float = 1.0
+    token: str | None
+    cafile: str | None
+    fingerprint: str | None
+    insecure: bool
+    backend: str
+    transport: str
+    packet_size: int | None
+    compression: str
+    connect_timeout: float
+    request_timeout: float
+    retries: int
+    idle_timeout: float
+    flow_window: int
+    version_as_of: int | None
+    timestamp_as_of: dt.datetime | None
+    columns: tuple[str, ...] | None
+    split_size: int
+    batch_rows: int
+    push_down_predicate: bool
+    partition_by: tuple[str, ...]
+    overwrite_schema: bool
+    starting_version: str
+    starting_timestamp: dt.datetime | None
+    max_rows_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    min_rows_per_trigger: int | None
+    max_trigger_delay: float
+    fail_on_data_loss: bool
+    push_notifications: bool
+    poll_interval: float
     extra: dict[str, str] = field(default_factory=dict)
 
-    def client_config(self) -> Any:
-        """The dataset client's configuration for these options."""
-        from aqueduct_core.engine import EngineConfig
-        from aqueduct_spark.client import ClientConfig
+    def client(self) -> Client:
+        """A dataset client for these options (its connections are pooled per process)."""
+        return Client(config=self.client_config())
 
+    def client_config(self) -> ClientConfig:
+        """The dataset client's configuration for these options."""
         if self.cafile is not None:
             tls = ClientTLS(cafile=self.cafile)
         elif self.fingerprint is not None:
@@ -389,13 +426,15 @@ def parse(raw: Mapping[str, str]) -> Options:
     def get(name: str) -> str | None:
         return given.get(name.lower())
 
+    def text(name: str) -> str:
+        """The value given (if not empty), else the default in OPTIONS."""
+        return get(name) or _BY_KEY[name.lower()].default
+
     url = get("url") or os.environ.get("AQUEDUCT_URL")
     if not url:
         raise OptionError(
             'the aqueduct data source needs option "url", e.g. .option("url", "quic://host:4433")'
         )
-    from aqueduct_spark.client import parse_url
-
     try:
         parse_url(url)
     except ValueError as exc:
@@ -406,22 +445,22 @@ def parse(raw: Mapping[str, str]) -> Options:
             'name the dataset: .load("name") / .save("name") or .option("dataset", "name")'
         )
     trust = [k for k in ("cafile", "fingerprint") if get(k)] + (
-        ["insecure"] if parse_bool("insecure", get("insecure") or "false") else []
+        ["insecure"] if parse_bool("insecure", text("insecure")) else []
     )
     if len(trust) > 1:
         raise OptionError(
             f"choose one of cafile, fingerprint or insecure, not {' and '.join(trust)}"
         )
-    compression = (get("compression") or "none").lower()
+    compression = text("compression").lower()
     if compression not in ("none", "lz4", "zstd"):
         raise OptionError(f"option 'compression' must be none, lz4 or zstd, got {compression!r}")
-    backend = (get("backend") or "auto").lower()
+    backend = text("backend").lower()
     if backend not in ("auto", "aioquic", "qh3"):
         raise OptionError(f"option 'backend' must be auto, aioquic or qh3, got {backend!r}")
-    transport = (get("transport") or "auto").lower()
+    transport = text("transport").lower()
     if transport not in ("auto", "quic", "tcp"):
         raise OptionError(f"option 'transport' must be auto, quic or tcp, got {transport!r}")
-    starting = (get("startingVersion") or "latest").lower()
+    starting = text("startingVersion").lower()
     if starting not in ("latest", "earliest"):
         parse_int("startingVersion", starting)
     version = get("versionAsOf")
@@ -450,19 +489,19 @@ def parse(raw: Mapping[str, str]) -> Options:
         transport=transport,
         packet_size=opt_int("packetSize", 1200),
         compression=compression,
-        connect_timeout=parse_duration("connectTimeout", get("connectTimeout") or "10s"),
-        request_timeout=parse_duration("requestTimeout", get("requestTimeout") or "60s"),
-        retries=parse_int("retries", get("retries") or "3"),
-        idle_timeout=parse_duration("idleTimeout", get("idleTimeout") or "30s"),
-        flow_window=parse_size("flowWindow", get("flowWindow") or "16MB"),
+        connect_timeout=parse_duration("connectTimeout", text("connectTimeout")),
+        request_timeout=parse_duration("requestTimeout", text("requestTimeout")),
+        retries=parse_int("retries", text("retries")),
+        idle_timeout=parse_duration("idleTimeout", text("idleTimeout")),
+        flow_window=parse_size("flowWindow", text("flowWindow")),
         version_as_of=None if version is None else parse_int("versionAsOf", version),
         timestamp_as_of=None if timestamp is None else parse_timestamp("timestampAsOf", timestamp),
         columns=split(get("columns")),
-        split_size=parse_size("splitSize", get("splitSize") or "128MB"),
-        batch_rows=parse_int("batchRows", get("batchRows") or "65536", 1),
-        push_down_predicate=parse_bool("pushDownPredicate", get("pushDownPredicate") or "false"),
+        split_size=parse_size("splitSize", text("splitSize")),
+        batch_rows=parse_int("batchRows", text("batchRows"), 1),
+        push_down_predicate=parse_bool("pushDownPredicate", text("pushDownPredicate")),
         partition_by=split(get("partitionBy")) or (),
-        overwrite_schema=parse_bool("overwriteSchema", get("overwriteSchema") or "false"),
+        overwrite_schema=parse_bool("overwriteSchema", text("overwriteSchema")),
         starting_version=starting,
         starting_timestamp=None
         if get("startingTimestamp") is None
@@ -472,8 +511,8 @@ def parse(raw: Mapping[str, str]) -> Options:
         if get("maxBytesPerTrigger") is None
         else parse_size("maxBytesPerTrigger", get("maxBytesPerTrigger") or ""),
         min_rows_per_trigger=opt_int("minRowsPerTrigger"),
-        max_trigger_delay=parse_duration("maxTriggerDelay", get("maxTriggerDelay") or "15m"),
-        fail_on_data_loss=parse_bool("failOnDataLoss", get("failOnDataLoss") or "true"),
-        push_notifications=parse_bool("pushNotifications", get("pushNotifications") or "true"),
-        poll_interval=parse_duration("pollInterval", get("pollInterval") or "1s"),
+        max_trigger_delay=parse_duration("maxTriggerDelay", text("maxTriggerDelay")),
+        fail_on_data_loss=parse_bool("failOnDataLoss", text("failOnDataLoss")),
+        push_notifications=parse_bool("pushNotifications", text("pushNotifications")),
+        poll_interval=parse_duration("pollInterval", text("pollInterval")),
     )

@@ -1,0 +1,298 @@
+"""The command line of ``aqueduct``: every command, option and environment variable
+(``docs/cli.md`` is the reference, and a test parses its examples with this parser)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from aqueduct_core.engine import EngineConfig
+
+DEFAULT_URL = "quic://127.0.0.1:4433"
+
+
+def _client_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument(
+        "--url",
+        default=os.environ.get("AQUEDUCT_URL", DEFAULT_URL),
+        help="service address, quic://host:port (env AQUEDUCT_URL; default %(default)s)",
+    )
+    g.add_argument(
+        "--token",
+        default=os.environ.get("AQUEDUCT_TOKEN"),
+        help="bearer token the service requires (env AQUEDUCT_TOKEN)",
+    )
+    trust = g.add_mutually_exclusive_group()
+    trust.add_argument(
+        "--cafile", help="CA certificate (PEM) that signed the service's certificate"
+    )
+    trust.add_argument(
+        "--fingerprint",
+        default=os.environ.get("AQUEDUCT_FINGERPRINT"),
+        help="SHA-256 of the service certificate, as 'aqueduct serve' prints it "
+        "(env AQUEDUCT_FINGERPRINT)",
+    )
+    trust.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify the service certificate (local tests only)",
+    )
+    _backend_option(g)
+    g.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "quic", "tcp"],
+        help="quic, tcp (TLS over TCP, where UDP is blocked) or auto: QUIC first, TCP 250 ms "
+        "later if QUIC has not answered (env AQUEDUCT_TRANSPORT replaces auto; -v shows the "
+        "one used)",
+    )
+
+
+def _backend_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "aioquic", "qh3"],
+        help="QUIC library (default: qh3 when installed)",
+    )
+
+
+def _storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="object-store option passed to Delta Lake (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aqueduct", description="Aqueduct dataset service and client commands."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the dataset service")
+    s.add_argument(
+        "--root",
+        default=os.environ.get("AQUEDUCT_ROOT", "./aqueduct-data"),
+        help="directory (or object-store URI) holding the datasets (default %(default)s)",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default %(default)s: this machine only)",
+    )
+    s.add_argument(
+        "--port",
+        type=int,
+        default=4433,
+        help="UDP and TCP port (default %(default)s; 0: any free)",
+    )
+    s.add_argument(
+        "--transport",
+        default="quic,tcp",
+        type=_listen_transports,
+        help="what to listen on: quic (UDP), tcp (TLS over TCP) or both on the same port "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--token",
+        default=os.environ.get("AQUEDUCT_TOKEN"),
+        help="require this bearer token from clients (env AQUEDUCT_TOKEN)",
+    )
+    s.add_argument("--cert", help="certificate chain (PEM); default: a development certificate")
+    s.add_argument("--key", help="private key (PEM) of --cert")
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="service processes sharing the port (default %(default)s)",
+    )
+    _storage_options(s)
+    _backend_option(s)
+    s.add_argument(
+        "--packet-size",
+        type=int,
+        default=None,
+        help="QUIC packet size (default: largest on loopback, else the route's MTU "
+        "less IP and UDP headers)",
+    )
+    s.add_argument(
+        "--max-requests",
+        type=_positive,
+        default=64,
+        metavar="N",
+        help="requests of one connection served at once; more wait (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-scans",
+        type=_positive,
+        default=16,
+        metavar="N",
+        help="scans one connection may have open; more are refused, to be retried "
+        "(default %(default)s)",
+    )
+    engine = EngineConfig()
+    s.add_argument(
+        "--max-message-gap",
+        type=_positive,
+        default=engine.max_message_gap,
+        metavar="N",
+        help="how far a peer's message number may run ahead of what was decided; beyond it "
+        "the connection is closed (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-early-bytes",
+        type=_positive,
+        default=engine.max_early_bytes,
+        metavar="BYTES",
+        help="bytes a client may send before its connection headers (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-pending-bytes",
+        type=_positive,
+        default=engine.max_pending_bytes,
+        metavar="BYTES",
+        help="bytes one connection may hold in channels not attached yet and in unfinished "
+        "messages no window covers (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-channels",
+        type=_positive,
+        default=engine.max_channels,
+        metavar="N",
+        help="live channels on one connection; a client that opens more is disconnected "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--max-pending-channels",
+        type=_positive,
+        default=engine.max_pending_channels,
+        metavar="N",
+        help="channels a client may create that are not attached yet (default %(default)s)",
+    )
+
+    c = sub.add_parser("cert", help="create a development CA and server certificate")
+    c.add_argument(
+        "--out", default="./aqueduct-tls", help="directory to write into (default %(default)s)"
+    )
+    c.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="name or address the certificate is for (repeatable; default localhost, 127.0.0.1, ::1)",
+    )
+    c.add_argument("--days", type=int, default=365, help="validity in days (default %(default)s)")
+
+    ls = sub.add_parser("ls", help="list datasets")
+    _client_options(ls)
+    d = sub.add_parser("describe", help="show a dataset's schema, version, size")
+    d.add_argument("dataset")
+    d.add_argument("--version", type=int, help="an older version (time travel)")
+    _client_options(d)
+    h = sub.add_parser("head", help="print the first rows of a dataset")
+    h.add_argument("dataset")
+    h.add_argument("-n", "--rows", type=int, default=10, help="rows to print (default %(default)s)")
+    _read_options(h)
+    _client_options(h)
+    cat = sub.add_parser("cat", help="print every row of a dataset")
+    cat.add_argument("dataset")
+    cat.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="output format (default %(default)s)",
+    )
+    _read_options(cat)
+    _client_options(cat)
+    hist = sub.add_parser("history", help="list a dataset's versions")
+    hist.add_argument("dataset")
+    _client_options(hist)
+    drop = sub.add_parser("drop", help="delete a dataset and all its versions")
+    drop.add_argument("dataset")
+    drop.add_argument("--if-exists", action="store_true", help="no error if it does not exist")
+    _client_options(drop)
+    imp = sub.add_parser("import", help="load Parquet or CSV files into a dataset")
+    imp.add_argument("dataset")
+    imp.add_argument("files", nargs="+", help="Parquet or CSV files")
+    imp.add_argument(
+        "--mode",
+        choices=["append", "overwrite"],
+        default="append",
+        help="add to the dataset or replace it (default %(default)s)",
+    )
+    imp.add_argument(
+        "--format",
+        choices=["auto", "parquet", "csv"],
+        default="auto",
+        help="file format (default: from the file extension)",
+    )
+    imp.add_argument(
+        "--partition-by",
+        action="append",
+        default=[],
+        help="partition column when the dataset is created (repeatable)",
+    )
+    _client_options(imp)
+    exp = sub.add_parser("export", help="write a dataset to a Parquet or CSV file")
+    exp.add_argument("dataset")
+    exp.add_argument("file")
+    exp.add_argument(
+        "--format",
+        choices=["auto", "parquet", "csv"],
+        default="auto",
+        help="file format (default: from the file extension)",
+    )
+    _read_options(exp)
+    _client_options(exp)
+    vac = sub.add_parser(
+        "vacuum", help="delete files no version needs (run on the service's machine)"
+    )
+    vac.add_argument("dataset")
+    vac.add_argument(
+        "--root",
+        default=os.environ.get("AQUEDUCT_ROOT", "./aqueduct-data"),
+        help="the service's data directory (default %(default)s)",
+    )
+    vac.add_argument(
+        "--retention-hours",
+        type=float,
+        default=168.0,
+        help="keep files removed less than this long ago (default %(default)s = 7 days)",
+    )
+    vac.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    _storage_options(vac)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _listen_transports(text: str) -> str:
+    names = {n.strip().lower() for n in text.split(",") if n.strip()}
+    if not names or not names <= {"quic", "tcp"}:
+        raise argparse.ArgumentTypeError(f"expected quic, tcp or quic,tcp, got {text!r}")
+    return "auto" if names == {"quic", "tcp"} else names.pop()
+
+
+def _read_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--columns", help="comma-separated columns to read")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="FILTER",
+        help="filter 'column op value', op one of == != < <= > >= (repeatable, ANDed)",
+    )
+    p.add_argument("--version", type=int, help="read an older version (time travel)")

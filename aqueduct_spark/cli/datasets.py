@@ -1,0 +1,224 @@
+"""The commands that work with a running service's datasets, as its client: ``ls``,
+``describe``, ``head``, ``cat``, ``history``, ``drop``, ``import`` and ``export``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from tqdm import tqdm
+
+from aqueduct_core.transport import ClientTLS, TransportConfig
+from aqueduct_spark.client import Client
+
+
+def _client(args: argparse.Namespace) -> Client:
+    if args.cafile:
+        tls = ClientTLS(cafile=args.cafile)
+    elif args.fingerprint:
+        tls = ClientTLS(fingerprint=args.fingerprint)
+    elif args.insecure:
+        tls = ClientTLS(insecure=True)
+    else:
+        tls = ClientTLS()
+    transport = TransportConfig(backend=args.backend, transport=args.transport)
+    return Client(args.url, token=args.token, tls=tls, transport=transport)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    datasets = _client(args).list()
+    if not datasets:
+        print("(no datasets)")
+    for d in datasets:
+        print(f"{d.name:30} v{d.version:<6} {d.rows:>12,} rows {_size(d.bytes):>10}")
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    d = _client(args).describe(args.dataset, version=args.version)
+    print(f"dataset   {d.name}")
+    print(f"version   {d.version}")
+    print(f"rows      {d.rows:,}")
+    print(f"size      {_size(d.bytes)} in {d.files} files")
+    if d.partition_by:
+        print(f"partition {', '.join(d.partition_by)}")
+    print("schema")
+    for f in d.schema:
+        print(f"  {f.name}: {f.type}{'' if f.nullable else ' not null'}")
+    return 0
+
+
+def _read_args(args: argparse.Namespace) -> dict[str, Any]:
+    filters = [_parse_where(w) for w in args.where]
+    return {
+        "columns": args.columns.split(",") if args.columns else None,
+        "filter": filters or None,
+        "version": args.version,
+    }
+
+
+def _parse_where(text: str) -> tuple[str, str, Any]:
+    for op in ("==", "!=", "<=", ">=", "<", ">", "="):
+        if op in text:
+            column, _, raw = text.partition(op)
+            value: Any = raw.strip()
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = value.strip("'\"")
+            return (column.strip(), "==" if op == "=" else op, value)
+    raise ValueError(f"cannot read filter {text!r}: use 'column op value' with op == != < <= > >=")
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    batches = []
+    taken = 0
+    for batch in _client(args).read_batches(args.dataset, **_read_args(args)):
+        batches.append(batch.slice(0, args.rows - taken))
+        taken += batches[-1].num_rows
+        if taken >= args.rows:
+            break
+    if not batches:
+        print("(no rows)")
+        return 0
+    print(
+        pa.Table.from_batches(batches).to_pandas().to_string()
+        if _has_pandas()
+        else pa.Table.from_batches(batches)
+    )
+    return 0
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pcsv
+
+    for batch in _client(args).read_batches(args.dataset, **_read_args(args)):
+        if args.format == "csv":
+            pcsv.write_csv(pa.Table.from_batches([batch]), sys.stdout.buffer)
+        elif args.format == "json":
+            for row in batch.to_pylist():
+                print(json.dumps(row, default=str))
+        else:
+            print(pa.Table.from_batches([batch]))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    offsets = _client(args).offsets(args.dataset)
+    for v in offsets["versions"]:
+        print(
+            f"v{v['version']:<6} {v['timestamp']}  {v['operation']:20} +{v['rows']:,} rows +{_size(v['bytes'])}"
+        )
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    dropped = _client(args).drop(args.dataset, if_exists=args.if_exists)
+    print(f"dropped {args.dataset}" if dropped else f"{args.dataset} did not exist")
+    return 0
+
+
+def _format_of(path: str, given: str) -> str:
+    if given != "auto":
+        return given
+    suffix = Path(path).suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    raise ValueError(f"cannot tell the format of {path!r}: use --format parquet or --format csv")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    client = _client(args)
+    sources: list[tuple[pa.Schema, int | None, Callable[[], Iterator[pa.RecordBatch]]]] = []
+    for path in args.files:
+        fmt = _format_of(path, args.format)
+        if fmt == "parquet":
+            pf = pq.ParquetFile(path)
+            sources.append((pf.schema_arrow, pf.metadata.num_rows, partial(pf.iter_batches, 65536)))
+        else:
+            delimiter = "\t" if path.lower().endswith(".tsv") else ","
+            reader = pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter))
+            sources.append((reader.schema, None, partial(iter, reader)))
+    schema = sources[0][0]
+    known = [n for _, n, _ in sources if n is not None]
+    total = sum(known) if len(known) == len(sources) else None
+    txn = client.begin(args.dataset, schema, mode=args.mode, partition_by=args.partition_by)
+    with tqdm(total=total, unit="rows", unit_scale=True, desc=f"import {args.dataset}") as bar:
+
+        def batches() -> Any:
+            for _, _, make in sources:
+                for batch in make():
+                    bar.update(batch.num_rows)
+                    yield batch
+
+        try:
+            staged = client.write_task(txn, batches())
+        except BaseException:
+            client.abort(txn)
+            raise
+    result = client.commit(txn, [staged])
+    print(f"{args.dataset}: version {result['version']}, +{result['rows']:,} rows")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    client = _client(args)
+    fmt = _format_of(args.file, args.format)
+    read = _read_args(args)
+    plan = client.plan(args.dataset, **read)
+    writer: Any = None
+    written = 0
+    with tqdm(total=plan.rows, unit="rows", unit_scale=True, desc=f"export {args.dataset}") as bar:
+        try:
+            for split in plan.splits:
+                for batch in client.scan(
+                    split, schema=plan.schema, columns=read["columns"], filter=read["filter"]
+                ):
+                    if writer is None:
+                        writer = (
+                            pq.ParquetWriter(args.file, plan.schema)
+                            if fmt == "parquet"
+                            else pcsv.CSVWriter(args.file, plan.schema)
+                        )
+                    writer.write_batch(batch)
+                    written += batch.num_rows
+                    bar.update(batch.num_rows)
+            if writer is None:  # an empty dataset still gives a file with the schema
+                writer = (
+                    pq.ParquetWriter(args.file, plan.schema)
+                    if fmt == "parquet"
+                    else pcsv.CSVWriter(args.file, plan.schema)
+                )
+        finally:
+            if writer is not None:
+                writer.close()
+    print(f"{args.file}: {written:,} rows of {args.dataset} version {plan.version}")
+    return 0
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def _has_pandas() -> bool:
+    return importlib.util.find_spec("pandas") is not None

@@ -1,0 +1,80 @@
+"""The :class:`AqueductDataSource` Spark instantiates for ``format("aqueduct")``, and
+:func:`register`, which makes that format known to a session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from aqueduct_spark import protocol as P
+from aqueduct_spark.datasource.options import parse
+from aqueduct_spark.datasource.reader import AqueductPushdownReader, AqueductReader
+from aqueduct_spark.datasource.schemas import arrow_to_spark
+from aqueduct_spark.datasource.stream_reader import AqueductStreamReader
+from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
+from aqueduct_spark.datasource.writer import AqueductWriter
+
+
+def register(spark: Any) -> None:
+    """Make ``format("aqueduct")`` available in this Spark session."""
+    spark.dataSource.register(AqueductDataSource)
+
+
+class AqueductDataSource(DataSource):
+    """Read and write datasets of an Aqueduct dataset service. Options: see
+    ``docs/spark-options.md`` (url and the dataset name are required)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "aqueduct"
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.opts = parse(dict(options))
+        self.unpickled = False
+        """Whether this instance came to this process pickled (see :meth:`streamWriter`)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.unpickled = True
+
+    def schema(self) -> StructType:
+        opts = self.opts
+        info = opts.client().describe(
+            opts.dataset, version=opts.version_as_of, timestamp=opts.timestamp_as_of
+        )
+        schema = info.schema
+        if opts.columns is not None:
+            missing = [c for c in opts.columns if c not in schema.names]
+            if missing:
+                raise P.InvalidRequest(
+                    f"option columns names {missing}, not in dataset {opts.dataset!r} "
+                    f"(columns: {schema.names})"
+                )
+            schema = pa.schema([schema.field(c) for c in opts.columns])
+        return arrow_to_spark(schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        # The option decides, not the planner worker asking: Spark refuses a reader that
+        # overrides pushFilters while spark.sql.python.filterPushdown.enabled is false, so
+        # only pushDownPredicate=true gets one (and needs that setting, as documented).
+        if self.opts.push_down_predicate:
+            return AqueductPushdownReader(self.opts, schema)
+        return AqueductReader(self.opts, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> AqueductWriter:
+        return AqueductWriter(self.opts, schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> AqueductStreamReader:
+        return AqueductStreamReader(self.opts, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> AqueductStreamWriter:
+        """Spark calls this in two places per micro-batch. Its write planner builds this source
+        afresh from its class and options (``unpickled`` is false) and pickles the writer to
+        the tasks: that writer begins the batch's transaction, which the tasks stage under.
+        The commit runner gets this source pickled (``unpickled`` is true) and builds a writer
+        only to commit or abort what the tasks' messages carry: it begins nothing."""
+        return AqueductStreamWriter(self.opts, schema, overwrite, begin=not self.unpickled)

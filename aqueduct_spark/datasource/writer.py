@@ -1,0 +1,64 @@
+"""Batch writes: each task stages its batches under one transaction begun on the driver; the
+driver's commit publishes all of them in one Delta commit. Only the successful attempt of each
+task is committed, so a retried or speculative task never duplicates rows."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from aqueduct_spark.datasource.options import Options
+from aqueduct_spark.datasource.schemas import writable_arrow
+
+
+@dataclass
+class StagedMessage(WriterCommitMessage):
+    """What one task staged: handed to the driver's commit."""
+
+    staged: dict[str, Any]
+    partition: int
+    attempt: int
+
+
+class AqueductWriter(DataSourceArrowWriter):
+    """Stages each task's batches under one transaction; commit publishes them atomically."""
+
+    def __init__(self, opts: Options, schema: StructType, overwrite: bool) -> None:
+        self.opts = opts
+        self.mode = "overwrite" if overwrite else "append"
+        # Begin on the driver: checks the DataFrame's schema against the dataset's now,
+        # with a clear error, before any task runs.
+        self.txn = opts.client().begin(
+            opts.dataset,
+            writable_arrow(schema),
+            mode=self.mode,
+            partition_by=opts.partition_by,
+            overwrite_schema=opts.overwrite_schema,
+        )
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        task = f"p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
+        staged = self.opts.client().write_task(self.txn, iterator, task=task)
+        return StagedMessage(staged, partition, attempt)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
+        client = self.opts.client()
+        client.commit(self.txn, staged, overwrite_schema=self.opts.overwrite_schema)
+        # Failed attempts of retried tasks staged files no commit references: remove them.
+        client.abort(self.txn, [])
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
+        self.opts.client().abort(self.txn, staged)

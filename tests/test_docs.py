@@ -333,7 +333,7 @@ def spark_error_conditions() -> set[str]:
     """Error condition names of PySpark and of the Spark JVM it ships with."""
     spec = importlib.util.find_spec("pyspark")
     assert spec is not None and spec.origin is not None, (
-        "pyspark is missing: install the spark extra (make test does: pip install -e '.[dev,spark]')"
+        "pyspark is missing: install the spark extra (make test does: pip install -e '.[dev,spark,service]')"
     )
     home = Path(spec.origin).parent
     names = set(json.loads((home / "errors" / "error-conditions.json").read_text()))

@@ -68,6 +68,15 @@ def _storage_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _file_format_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        choices=["auto", "parquet", "csv"],
+        default="auto",
+        help="file format (default: from the file extension)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aqueduct", description="Aqueduct dataset service and client commands."
@@ -225,12 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="append",
         help="add to the dataset or replace it (default %(default)s)",
     )
-    imp.add_argument(
-        "--format",
-        choices=["auto", "parquet", "csv"],
-        default="auto",
-        help="file format (default: from the file extension)",
-    )
+    _file_format_option(imp)
     imp.add_argument(
         "--partition-by",
         action="append",
@@ -241,12 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write a dataset to a Parquet or CSV file")
     exp.add_argument("dataset")
     exp.add_argument("file")
-    exp.add_argument(
-        "--format",
-        choices=["auto", "parquet", "csv"],
-        default="auto",
-        help="file format (default: from the file extension)",
-    )
+    _file_format_option(exp)
     _read_options(exp)
     _client_options(exp)
     vac = sub.add_parser(

@@ -37,7 +37,8 @@ class OptionError(AqueductError, ValueError):
 class Option:
     name: str
     default: str
-    """As documented, and as :func:`parse` reads it when the option is not given."""
+    """As documented, and what :func:`parse` reads when the option is not given (unless it
+    is a word for "unset", such as none, auto or latest: then the field is None)."""
     kind: str
     """What it applies to: all, read, write, stream read, stream write."""
     meaning: str

@@ -8,6 +8,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,3 +30,25 @@ def test_make_installs_what_the_tests_need() -> None:
     install = re.search(r"pip install .*-e '\.\[([\w,]+)\]'", (ROOT / "Makefile").read_text())
     assert install is not None
     assert {"dev", "spark", "service"} <= set(install.group(1).split(","))
+
+
+def test_serve_without_the_service_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import importlib.util
+
+    from aqueduct_spark import cli
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "deltalake" else find_spec(name)
+    )
+
+    def serve_anyway(main: object) -> None:
+        raise AssertionError("serve started without Delta Lake")
+
+    monkeypatch.setattr(cli.serve, "_run", serve_anyway)
+    for command in (["serve", "--root", str(tmp_path)], ["vacuum", "d", "--root", str(tmp_path)]):
+        assert cli.main(command) == 1
+        err = capsys.readouterr().err
+        assert "pip install 'aqueduct-spark[service]'" in err, err

@@ -127,6 +127,17 @@ def test_filters_without_pushdown(spark: Any, service: ServiceProcess) -> None:
         assert_df_equality(got, data.filter(condition), ignore_row_order=True), condition
 
 
+def test_pushdown_option_without_the_spark_setting_names_the_setting(
+    spark: Any, service: ServiceProcess
+) -> None:
+    """pushDownPredicate=true needs spark.sql.python.filterPushdown.enabled: with it off,
+    Spark refuses the read and says which setting to turn on (not a silent full scan)."""
+    filtered_dataset(spark, service)
+    with pytest.raises(Exception, match=r"DATA_SOURCE_PUSHDOWN_DISABLED") as e:
+        read(spark, service, "filtered", pushDownPredicate="true").filter("id > 5").count()
+    assert "spark.sql.python.filterPushdown.enabled" in str(e.value)
+
+
 def test_every_pushed_filter_gives_the_rows_spark_would(
     spark: Any, service: ServiceProcess, filter_pushdown: None
 ) -> None:

@@ -19,12 +19,14 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
+
+# cryptography is imported where certificates are made or read, not here: a client that
+# pins a fingerprint never needs it, and importing it cost 0.1-0.2 s in every fresh process
+# (Spark starts one per query to plan a read).
 
 
 class InsecureConnectionWarning(UserWarning):
@@ -96,12 +98,18 @@ def format_fingerprint(hexdigits: str) -> str:
 
 def certificate_fingerprint(cert: x509.Certificate | bytes) -> str:
     """SHA-256 over the DER encoding, as lowercase hex."""
-    der = cert if isinstance(cert, bytes) else cert.public_bytes(serialization.Encoding.DER)
+    if isinstance(cert, bytes):
+        return hashlib.sha256(cert).hexdigest()
+    from cryptography.hazmat.primitives import serialization
+
+    der = cert.public_bytes(serialization.Encoding.DER)
     return hashlib.sha256(der).hexdigest()
 
 
 def file_fingerprint(certfile: str | Path) -> str:
     """Fingerprint of the first certificate in a PEM file."""
+    from cryptography import x509
+
     cert = x509.load_pem_x509_certificate(Path(certfile).read_bytes())
     return certificate_fingerprint(cert)
 
@@ -113,6 +121,11 @@ def make_dev_certificates(
 ) -> DevCertificates:
     """Write ``ca.pem``, ``server.pem`` (leaf then CA) and ``server.key`` into ``directory``
     (created if needed; the key is readable by its owner only)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
@@ -167,6 +180,8 @@ def make_dev_certificates(
 
 
 def _key_usage(ca: bool) -> x509.KeyUsage:
+    from cryptography import x509
+
     return x509.KeyUsage(
         digital_signature=True,
         content_commitment=False,

@@ -28,7 +28,9 @@ override, when set, is used as is):
    carries 1400 settles below 1400, and a route that says less than the link carries (a
    route ``mtu`` metric, a stale path-MTU entry) is probed past. A peer that does not
    answer (an older server) costs :data:`PROBE_WAIT` once per connect and leaves the
-   route's size. Probes and answers start with a zero byte, which no QUIC packet does (the
+   route's size. The result is kept for the peer's address for 10 minutes: later
+   connections (0-RTT resumptions too) only tell the server, with no round trip of their
+   own. Probes and answers start with a zero byte, which no QUIC packet does (the
    fixed bit, RFC 9000 §17), so the transports take them out before the libraries see them.
 4. **Fall back on loss, mid-connection.** :class:`BlackHoleDetector` implements RFC 8899
    §4.3's black-hole rule for aioquic, whose packet size can change mid-connection: when
@@ -50,6 +52,7 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 BASE_PACKET = 1200
@@ -235,9 +238,33 @@ def new_nonce() -> bytes:
     return os.urandom(8)
 
 
+FOUND_TTL = 600.0
+"""Seconds a search's result is reused for the same peer (RFC 8899's PMTU_RAISE_TIMER):
+later connections, 0-RTT resumptions included, skip the probes' round trip."""
+_found: dict[tuple[str, int], tuple[float, int | None]] = {}
+"""(peer IP, size limit) -> (when, found size or None for no answer)."""
+
+
 async def search(transport: Any, addr: Any, start: int, limit: int) -> int | None:
-    """On ``transport`` (a ``udp.UdpTransport``): find the largest datagram both directions of the path to ``addr`` carry (step 3 of
-    the module docstring); None when the peer answered no probe. Tells the peer the result."""
+    """On ``transport`` (a ``udp.UdpTransport``): the largest datagram both directions of
+    the path to ``addr`` carry (step 3 of the module docstring); None when the peer answered
+    no probe. Tells the peer the result. A result younger than :data:`FOUND_TTL` for the
+    same peer is reused without probing (the peer is still told)."""
+    key = (str(addr[0]), limit)
+    cached = _found.get(key)
+    if cached is not None and time.monotonic() - cached[0] < FOUND_TTL:
+        best = cached[1]
+    else:
+        best = await _probe(transport, addr, start, limit)
+        _found[key] = (time.monotonic(), best)
+    if best is not None:
+        result = encode_probe(PROBE_RESULT, new_nonce(), best, PROBE_HEADER)
+        for _ in range(2):  # a lost result only costs the server its route's size
+            transport.send_probe(result, addr)
+    return best
+
+
+async def _probe(transport: Any, addr: Any, start: int, limit: int) -> int | None:
     loop = asyncio.get_running_loop()
     nonce = new_nonce()
     answered: set[int] = set()
@@ -282,7 +309,4 @@ async def search(transport: Any, addr: Any, start: int, limit: int) -> int | Non
             best = max(answered)
     finally:
         del transport.probe_waiters[nonce]
-    result = encode_probe(PROBE_RESULT, nonce, best, PROBE_HEADER)
-    for _ in range(2):  # a lost result only costs the server its route's size
-        transport.send_probe(result, addr)
     return best

@@ -138,6 +138,11 @@ def test_the_probe_ladder_covers_the_usual_mtus_around_the_route() -> None:
     assert pmtu.decode_probe(b"\x40" + probe[1:]) is None
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pmtu, "_found", {})
+
+
 async def _pair(answer: bool) -> tuple[Any, Any]:
     from aqueduct_core.transport.udp import create_endpoint
 
@@ -204,3 +209,25 @@ async def _search_jumbo() -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_a_second_connection_to_the_peer_reuses_the_result_and_still_tells_the_server() -> None:
+    asyncio.run(asyncio.wait_for(_search_twice(), 10))
+
+
+async def _search_twice() -> None:
+    client, server = await _pair(answer=True)
+    later, spare = await _pair(answer=True)  # another client socket of this process
+    asked: list[int] = []
+    real = later.send_probe
+    later.send_probe = lambda data, addr: asked.append(data[8]) or real(data, addr)
+    try:
+        addr = server.get_extra_info("sockname")
+        assert await client.probe_path(addr, 1472, 16384) == 16356
+        assert await later.probe_path(addr, 1472, 16384) == 16356
+        assert set(asked) == {pmtu.PROBE_RESULT}, "no probe, no waiting: only the result"
+        await asyncio.sleep(0.05)
+        assert server.path_sizes[later.get_extra_info("sockname")] == 16356
+    finally:
+        for end in (client, server, later, spare):
+            end.close()

@@ -11,9 +11,9 @@ the Spark job retries the task, and only committed staged files ever become visi
 
 The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service addresses),
 ``models`` (what answers carry), ``failures`` (which can heal) and ``retry`` (the one retry
-policy), ``session`` (the connection and requests), ``reads``,
-``writes`` and ``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), and
-``blocking`` (:class:`Client`, the loop thread and the pool).
+policy), ``session`` (the connection and requests), ``reads``, ``writes`` and
+``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), ``pool`` (the loop
+thread, the connection pool, closing it at exit) and ``blocking`` (:class:`Client`).
 """
 
 from aqueduct_spark.client.aio import AsyncClient

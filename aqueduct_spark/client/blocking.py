@@ -1,106 +1,19 @@
-"""The blocking facade: :class:`Client`, one event-loop thread per process that runs every
-connection (the anyio "blocking portal" shape), and the pool of connections it shares."""
+"""The blocking facade: :class:`Client`, whose calls run on the process's event-loop thread
+(the anyio "blocking portal" shape) over the connection pool of :mod:`.pool`."""
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
-import os
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from aqueduct_spark.client.aio import AsyncClient
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction
+from aqueduct_spark.client.pool import Portal, pooled, unpool
 
 T = TypeVar("T")
-
-
-class _Portal:
-    """One event-loop thread per process; blocking callers submit coroutines to it."""
-
-    _instance: _Portal | None = None
-    _guard = threading.Lock()
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.loop = _new_loop()
-        self.thread = threading.Thread(target=self._run, name="aqueduct-loop", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.loop.close()
-
-    @classmethod
-    def get(cls) -> _Portal:
-        with cls._guard:
-            inst = cls._instance
-            if inst is None or inst.pid != os.getpid():  # a fork has no loop thread
-                inst = cls._instance = cls()
-            return inst
-
-    def run(self, coro: Awaitable[T]) -> T:
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("blocking Client calls cannot run on the client's own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
-
-    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
-        try:
-            while True:
-                try:
-                    yield self.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            with contextlib.suppress(Exception):
-                self.run(agen.aclose())  # type: ignore[attr-defined]
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
-
-
-_pool: dict[ClientConfig, AsyncClient] = {}
-_pool_pid = os.getpid()
-
-
-def _pooled(config: ClientConfig) -> AsyncClient:
-    global _pool_pid
-    if _pool_pid != os.getpid():
-        _pool.clear()
-        _pool_pid = os.getpid()
-    client = _pool.get(config)
-    if client is None:
-        client = _pool[config] = AsyncClient(config)
-    return client
-
-
-@atexit.register
-def _close_pool() -> None:
-    if _Portal._instance is None or _Portal._instance.pid != os.getpid():
-        return
-    portal = _Portal._instance
-    for client in list(_pool.values()):
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(client.close(), portal.loop).result(5)
-    _pool.clear()
-    # Stop the loop thread before the interpreter tears modules down under it (a daemon thread
-    # still running native code at exit can crash the process).
-    portal.loop.call_soon_threadsafe(portal.loop.stop)
-    portal.thread.join(5)
 
 
 class Client:
@@ -117,8 +30,8 @@ class Client:
                 raise ValueError("give the service url (quic://host:port) or a ClientConfig")
             config = ClientConfig(url, **options)
         self.config = config
-        self._portal = _Portal.get()
-        self._client = _pooled(config)
+        self._portal = Portal.get()
+        self._client = pooled(config)
 
     def _run(self, coro: Awaitable[T]) -> T:
         return self._portal.run(coro)
@@ -194,7 +107,7 @@ class Client:
 
     def close(self) -> None:
         """Close this client's pooled connection (others with the same settings share it)."""
-        client = _pool.pop(self.config, None)
+        client = unpool(self.config)
         if client is not None:
             self._run(client.close())
 

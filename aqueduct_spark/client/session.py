@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aqueduct_core.api import Connection, oneshot
-from aqueduct_core.errors import ConnectionLost
+from aqueduct_core.errors import AqueductError, ConnectionLost
 from aqueduct_core.transport import connect
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
@@ -81,10 +81,14 @@ class Session:
         closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        if self._conn is not None and not self._conn.is_closed:
-            self._conn.entrypoint.finish()
-            await self._conn.close()
-        self._conn = None
+        """Finish the entrypoint channel and close the connection (code 0)."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed:
+            # The entrypoint may be gone already (ended by its garbage-collection backstop,
+            # as at interpreter exit): the connection is closed all the same.
+            with contextlib.suppress(AqueductError):
+                conn.entrypoint.finish()
+            await conn.close()
 
     @property
     def transport(self) -> str | None:

@@ -1,0 +1,169 @@
+"""The process's event-loop thread (the "portal" blocking callers submit coroutines to), the
+pool of connections every :class:`~aqueduct_spark.client.Client` shares, and closing that
+pool cleanly when the process ends.
+
+A connection that is dropped without a word costs the service an idle timeout (30 s by
+default) before it frees what the connection held; a QUIC peer cannot even tell it is gone,
+since UDP has no close. So at exit every pooled connection is closed with code 0: at
+interpreter exit (``atexit``), and on SIGTERM or SIGHUP when they would kill the process
+outright (their default action skips ``atexit``). Spark's Python workers end that way: the
+worker daemon sends SIGHUP to its workers when the executor stops. Closing never waits for
+an answer longer than :data:`EXIT_GRACE` in all, so a dead service does not hold up the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import signal
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from types import FrameType
+from typing import TypeVar
+
+from aqueduct_spark.client.aio import AsyncClient
+from aqueduct_spark.client.config import ClientConfig
+
+T = TypeVar("T")
+
+EXIT_GRACE = 2.0
+"""Seconds an exiting process spends, at most, closing its pooled connections."""
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end the process without ``atexit`` when left to their default action."""
+
+
+class Portal:
+    """One event-loop thread per process; blocking callers submit coroutines to it."""
+
+    _instance: Portal | None = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = _new_loop()
+        self.thread = threading.Thread(target=self._run, name="aqueduct-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    @classmethod
+    def get(cls) -> Portal:
+        with cls._guard:
+            inst = cls._instance
+            if inst is None or inst.pid != os.getpid():  # a fork has no loop thread
+                inst = cls._instance = cls()
+            return inst
+
+    def run(self, coro: Awaitable[T]) -> T:
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("blocking Client calls cannot run on the client's own loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
+
+    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        try:
+            while True:
+                try:
+                    yield self.run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                self.run(agen.aclose())  # type: ignore[attr-defined]
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+_pool: dict[ClientConfig, AsyncClient] = {}
+_pool_pid = os.getpid()
+_hooked_pid: int | None = None
+
+
+def pooled(config: ClientConfig) -> AsyncClient:
+    """The process's client for ``config`` (made on first use)."""
+    global _pool_pid
+    if _pool_pid != os.getpid():
+        _pool.clear()
+        _pool_pid = os.getpid()
+    client = _pool.get(config)
+    if client is None:
+        client = _pool[config] = AsyncClient(config)
+        _hook_exit()
+    return client
+
+
+def unpool(config: ClientConfig) -> AsyncClient | None:
+    """Take ``config``'s client out of the pool (the caller closes it)."""
+    return _pool.pop(config, None)
+
+
+@atexit.register
+def _close_pool() -> None:
+    """Close every pooled connection of this process, within :data:`EXIT_GRACE`, and stop
+    the loop thread. Only for the process's end: a forked child, which shares its parent's
+    sockets, leaves them alone."""
+    portal = Portal._instance
+    if portal is None or portal.pid != os.getpid():
+        return
+    clients = list(_pool.values())
+    _pool.clear()
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(_shutdown(clients), portal.loop).result(EXIT_GRACE + 1)
+    # Stop the loop thread before the interpreter tears modules down under it (a daemon thread
+    # still running native code at exit can crash the process).
+    portal.loop.call_soon_threadsafe(portal.loop.stop)
+    portal.thread.join(EXIT_GRACE)
+
+
+async def _shutdown(clients: list[AsyncClient]) -> None:
+    # Subscriptions first: they would reconnect as soon as their connection closed.
+    me = asyncio.current_task()
+    running = [task for task in asyncio.all_tasks() if task is not me]
+    for task in running:
+        task.cancel()
+    closing = [asyncio.ensure_future(client.close()) for client in clients]
+    if running or closing:
+        await asyncio.wait([*running, *closing], timeout=EXIT_GRACE)
+
+
+def _hook_exit() -> None:
+    """Make :func:`_close_pool` run first at exit, and on SIGTERM and SIGHUP.
+
+    ``atexit`` runs the last registered first. ``weakref.finalize`` registers its own exit
+    function on its first use, which ends every live channel handle (its GC backstop:
+    a cancelled entrypoint, not a finished one), so make it register now and register ours
+    after it. Signal handlers go only where the default action would skip ``atexit``, and
+    only the main thread may set them (a process whose first client is made on another
+    thread is hooked when the main thread makes one); the process then dies of the same
+    signal as before."""
+    global _hooked_pid
+    weakref.finalize(_close_pool, lambda: None).detach()
+    atexit.unregister(_close_pool)
+    atexit.register(_close_pool)
+    if _hooked_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    _hooked_pid = os.getpid()
+    for sig in EXIT_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _close_then_die)
+
+
+def _close_then_die(signum: int, frame: FrameType | None) -> None:
+    _close_pool()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,150 @@
+"""A process that ends with pooled connections open closes them cleanly (code 0), so the
+service frees them at once instead of after its idle timeout; and a dead service does not
+hold up the exit.
+
+The service here is a real Aqueduct server on loopback (``aqueduct_core.transport.serve``)
+that answers ``list`` and ``subscribe`` and records how each connection ended; the client is
+a real child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from aqueduct_core.api import Connection, Receiver
+from aqueduct_core.errors import ChannelError, EndOfChannel
+from aqueduct_core.transport import TransportConfig, serve
+from aqueduct_spark.testing import ServiceProcess, start_service
+
+IDLE = 30.0
+"""The service's idle timeout: a connection dropped without a word ends only after this."""
+
+CHILD = """
+import signal, sys, time
+from aqueduct_core.transport import ClientTLS
+from aqueduct_spark.client import Client
+
+if {worker!r}:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as pyspark's daemon leaves its workers
+client = Client({url!r}, tls=ClientTLS(fingerprint={pin!r}), transport={transport!r})
+client.list()
+client.subscribe("events", lambda version: None, lambda alive: None)
+print("ready", flush=True)
+sys.stdin.readline()  # until the test says go (or closes stdin)
+"""
+
+
+def child(url: str, pin: str, transport: str = "auto", worker: bool = False) -> list[str]:
+    code = CHILD.format(url=url, pin=pin, transport=transport, worker=worker)
+    return [sys.executable, "-c", code]
+
+
+class RecordingService:
+    """Answers ``list`` and ``subscribe``; ``ended`` says how each connection's entrypoint
+    ended, as the service saw it."""
+
+    def __init__(self) -> None:
+        self.ended: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(self, conn: Connection, rx: Receiver[Any]) -> None:
+        try:
+            async for request in rx:
+                if request.get("op") == "list":
+                    request["reply"].send({"ok": True, "result": {"datasets": []}})
+                elif request.get("op") == "subscribe":
+                    await request["out"].send({"version": 0, "heartbeat": 5.0})
+            how = "finished"
+        except EndOfChannel:
+            how = "finished"
+        except ChannelError as exc:
+            how = f"{type(exc).__name__}: {exc}"
+        await conn.wait_closed()
+        await self.ended.put(how)
+
+
+async def run_child(
+    transport: str, worker: bool, end: Callable[[asyncio.subprocess.Process], None]
+) -> tuple[int | None, str]:
+    service = RecordingService()
+    server = await serve(service.handler, "127.0.0.1", 0, config=TransportConfig(idle_timeout=IDLE))
+    try:
+        url = f"quic://127.0.0.1:{server.port}"
+        proc = await asyncio.create_subprocess_exec(
+            *child(url, server.fingerprint, transport, worker),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"ready\n"
+        end(proc)
+        code = await asyncio.wait_for(proc.wait(), 60)
+        # Well before the idle timeout: only a close from the client can end it this soon.
+        how = await asyncio.wait_for(service.ended.get(), IDLE / 3)
+        return code, how
+    finally:
+        await server.close()
+
+
+def go(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+
+
+@pytest.mark.parametrize("transport", ["quic", "tcp"])
+def test_a_process_that_exits_closes_its_pooled_connection(transport: str) -> None:
+    code, how = asyncio.run(run_child(transport, False, go))
+    assert code == 0
+    assert how == "ConnectionLost: connection lost: closed (close code 0)"
+
+
+@pytest.mark.parametrize("transport", ["quic", "tcp"])
+def test_a_spark_worker_ended_by_sighup_closes_its_pooled_connection(transport: str) -> None:
+    """pyspark's daemon ends its workers with SIGHUP at its default action, which skips
+    atexit: the client closes its pool first, then the process dies of the signal."""
+    code, how = asyncio.run(
+        run_child(transport, True, lambda proc: proc.send_signal(signal.SIGHUP))
+    )
+    assert code == -signal.SIGHUP
+    assert how == "ConnectionLost: connection lost: closed (close code 0)"
+
+
+def test_a_dead_service_does_not_hold_up_the_exit(tmp_path: Any) -> None:
+    """The service is killed (so nothing answers the close) and the client's idle timeout is
+    long: the exit still takes about EXIT_GRACE at most, not the idle timeout."""
+    from aqueduct_spark.client.pool import EXIT_GRACE
+
+    svc: ServiceProcess = start_service(tmp_path / "root")
+    code = CHILD.format(url=svc.url, pin=svc.fingerprint, transport="auto", worker=False)
+    code = code.replace("transport='auto'", "transport=TransportConfig(idle_timeout=120.0)")
+    code = code.replace(
+        "from aqueduct_core.transport import ClientTLS",
+        "from aqueduct_core.transport import ClientTLS, TransportConfig",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "ready\n"
+        svc.kill()
+        started = time.monotonic()
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+        took = time.monotonic() - started
+        print(f"exit with a dead service took {took:.2f} s (EXIT_GRACE {EXIT_GRACE} s)")
+        assert took < EXIT_GRACE + 10.0  # never the 120 s idle timeout
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        svc.stop()

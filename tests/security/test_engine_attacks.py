@@ -50,7 +50,7 @@ def test_one_datagram_with_a_huge_message_number_before_the_headers(target: Targ
         attacker.datagram(encode_frames(Version(), RouteTo(0), Message(HUGE, payload=REQUEST)))
         attacker.hello()
 
-    assert_cut_off(run(attacked(target, huge_number_in_a_datagram)))
+    assert_cut_off(run(attacked(target, huge_number_in_a_datagram, cut_off=True)))
 
 
 def test_one_datagram_with_a_huge_message_number_after_the_headers(target: Target) -> None:
@@ -59,7 +59,7 @@ def test_one_datagram_with_a_huge_message_number_after_the_headers(target: Targe
         await attacker.wait_server_headers()
         attacker.datagram(encode_frames(RouteTo(0), Message(HUGE, payload=REQUEST)))
 
-    assert_cut_off(run(attacked(target, huge_number_after_headers)))
+    assert_cut_off(run(attacked(target, huge_number_after_headers, cut_off=True)))
 
 
 def test_a_huge_reliable_message_number_on_a_stream(target: Target) -> None:
@@ -69,7 +69,7 @@ def test_a_huge_reliable_message_number_on_a_stream(target: Target) -> None:
         )
         attacker.hello()
 
-    assert_cut_off(run(attacked(target, huge_number_on_a_stream)))
+    assert_cut_off(run(attacked(target, huge_number_on_a_stream, cut_off=True)))
 
 
 # -- (b) a message that never finishes -----------------------------------------------------
@@ -118,7 +118,7 @@ def test_data_before_the_connection_headers_is_capped(target: Target) -> None:
             if target.memory.rss - idle > MEMORY_SLACK + allowance:
                 return
 
-    closed = run(attacked(target, no_headers_ever, allowance=allowance))
+    closed = run(attacked(target, no_headers_ever, allowance=allowance, cut_off=True))
     assert_cut_off(closed)
 
 
@@ -140,5 +140,9 @@ def test_datagrams_before_the_connection_headers_count_against_the_cap(target: T
             if target.memory.rss - idle > MEMORY_SLACK + allowance:
                 return
 
-    closed = run(attacked(target, datagrams_without_headers, allowance=allowance, packet_size=9000))
+    closed = run(
+        attacked(
+            target, datagrams_without_headers, allowance=allowance, packet_size=9000, cut_off=True
+        )
+    )
     assert_cut_off(closed)

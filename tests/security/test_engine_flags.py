@@ -48,7 +48,7 @@ def test_max_message_gap_flag(tight: Target) -> None:
         await attacker.wait_server_headers()
         attacker.datagram(encode_frames(RouteTo(0), Message(5000, payload=b"x")))
 
-    assert_cut_off(run(attacked(tight, number_5000)))
+    assert_cut_off(run(attacked(tight, number_5000, cut_off=True)))
 
 
 @pytest.mark.parametrize("tight", [["--max-early-bytes", "100000"]], indirect=True)
@@ -62,7 +62,7 @@ def test_max_early_bytes_flag(tight: Target) -> None:
             )
         await attacker.flush(0, stall=3.0)
 
-    assert_cut_off(run(attacked(tight, early_bytes)))
+    assert_cut_off(run(attacked(tight, early_bytes, cut_off=True)))
 
 
 @pytest.mark.parametrize("tight", [["--max-pending-bytes", str(4 * MIB)]], indirect=True)
@@ -77,7 +77,7 @@ def test_max_pending_bytes_flag(tight: Target) -> None:
             attacker.stream(encode_frames(RouteTo(i * 8)) + message_head(0, 3 * MIB) + b"\0")
         await attacker.flush(0, stall=3.0)
 
-    assert_cut_off(run(attacked(tight, unattached)))
+    assert_cut_off(run(attacked(tight, unattached, cut_off=True)))
 
 
 @pytest.mark.parametrize("tight", [["--max-pending-channels", "10"]], indirect=True)
@@ -89,7 +89,7 @@ def test_max_pending_channels_flag(tight: Target) -> None:
             attacker.stream(encode_frames(RouteTo(i * 8)), end=False)
         await attacker.flush(0, stall=3.0)
 
-    assert_cut_off(run(attacked(tight, channels)))
+    assert_cut_off(run(attacked(tight, channels, cut_off=True)))
 
 
 @pytest.mark.parametrize("tight", [["--max-channels", "50"]], indirect=True)
@@ -108,4 +108,4 @@ def test_max_channels_flag(tight: Target) -> None:
             attacker.stream(encode_frames(Message(i, (), att, b"x")), stream_id=sid)
         await attacker.flush(0, stall=3.0)
 
-    assert_cut_off(run(attacked(tight, channels_kept)))
+    assert_cut_off(run(attacked(tight, channels_kept, cut_off=True)))

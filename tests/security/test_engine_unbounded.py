@@ -148,4 +148,6 @@ def test_a_flood_of_empty_messages_holds_no_more_than_the_window(
             if target.memory.rss - idle > MEMORY_SLACK + allowance:
                 return
 
-    assert_cut_off(run(attacked(target, empty_messages, allowance=allowance), timeout=170))
+    assert_cut_off(
+        run(attacked(target, empty_messages, allowance=allowance, cut_off=True), timeout=170)
+    )

@@ -3,7 +3,6 @@ filter form requests carry."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,32 +10,9 @@ import pyarrow as pa
 
 from aqueduct_spark import protocol as P
 
-
-@dataclass(frozen=True)
-class DatasetDescription:
-    name: str
-    version: int
-    schema: pa.Schema
-    partition_by: tuple[str, ...]
-    rows: int
-    bytes: int
-    files: int
-    created: Any = None
-    updated: Any = None
-
-    @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> DatasetDescription:
-        return cls(
-            d["name"],
-            d["version"],
-            P.schema_from_bytes(d["schema"]),
-            tuple(d.get("partition_by") or ()),
-            d["rows"],
-            d["bytes"],
-            d.get("files", 0),
-            d.get("created"),
-            d.get("updated"),
-        )
+DatasetDescription = P.DatasetInfo
+"""What ``describe`` and ``list`` answer: the protocol's own message class, under the name
+the client has always used."""
 
 
 @dataclass(frozen=True)

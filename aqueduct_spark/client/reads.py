@@ -136,9 +136,8 @@ class Reads(Session):
         plan = await self.plan(
             name, columns=columns, filter=filter, version=version, timestamp=timestamp
         )
-        for split in plan.splits:
-            async for batch in self.scan(split, schema=plan.schema, columns=columns, filter=filter):
-                yield batch
+        async for batch in self._scan_all(plan, columns, filter):
+            yield batch
 
     async def read(
         self,
@@ -154,8 +153,12 @@ class Reads(Session):
         plan = await self.plan(
             name, columns=columns, filter=filter, version=version, timestamp=timestamp
         )
-        batches = []
+        batches = [batch async for batch in self._scan_all(plan, columns, filter)]
+        return pa.Table.from_batches(batches, schema=plan.schema)
+
+    async def _scan_all(
+        self, plan: Plan, columns: Sequence[str] | None, filter: Any
+    ) -> AsyncIterator[pa.RecordBatch]:
         for split in plan.splits:
             async for batch in self.scan(split, schema=plan.schema, columns=columns, filter=filter):
-                batches.append(batch)
-        return pa.Table.from_batches(batches, schema=plan.schema)
+                yield batch

@@ -5,13 +5,13 @@ only VERSION, ROUTE_TO and MESSAGE. Any malformed input raises
 :class:`~aqueduct_core.errors.RemoteProtocolError` and nothing else.
 
 The stream parser takes chunks of any size. A MESSAGE whose payload has not fully arrived is
-gathered into one buffer of the payload's size, allocated when its second piece arrives, and
-each piece is copied straight into it: a payload of megabytes costs one copy, whatever the
-chunk size, and the chunks may be views of a receive buffer the transport reuses
-(transport-tuning.md). Allocating at the second piece, not at the head, lets the receiver
-charge the MESSAGE to its flow-control window first (a peer beyond the window is closed
-before it makes us allocate); ``WireLimits.max_payload_bytes`` bounds it in any case. Such a
-payload is handed out as that ``bytearray``; a payload that arrived in one piece is ``bytes``.
+gathered by appending each piece to one ``bytearray``, which is handed out as the payload: one
+copy per byte, whatever the chunk size, and the chunks may be views of a receive buffer the
+transport reuses (transport-tuning.md). The buffer grows with what arrived (Python
+over-allocates an eighth; the C library moves large blocks by remapping pages, not copying),
+so a peer that announces megabytes and sends a few bytes makes us hold a few bytes: this
+measured as fast as one buffer of the announced size, which also pays to zero it. A payload
+that arrived in one piece is ``bytes``.
 """
 
 from __future__ import annotations
@@ -76,11 +76,8 @@ class StreamParser:
         self._buf = b""
         self.head: MessageHead | None = None
         """The MESSAGE whose payload is being gathered (read-only outside this class)."""
-        self._first: bytes = b""
-        """The payload's first piece, kept until the second one arrives."""
-        self._payload: bytearray | None = None
-        """The payload buffer being filled (from the second piece on)."""
-        self._filled = 0
+        self._payload = bytearray()
+        """The payload gathered so far of the MESSAGE in ``head``."""
         self._need = 0
 
     @property
@@ -117,18 +114,8 @@ class StreamParser:
         return True
 
     def _put(self, data: _Chunk, n: int) -> None:
-        """Copy ``n`` bytes of payload into the payload buffer (made on the first call)."""
-        buf = self._payload
-        filled = self._filled
-        if buf is None:
-            assert self.head is not None
-            buf = self._payload = bytearray(self.head.payload_len)
-            filled = len(self._first)
-            buf[:filled] = self._first
-            self._first = b""
-        with memoryview(buf) as into:
-            into[filled : filled + n] = data
-        self._filled = filled + n
+        """Append ``n`` bytes of payload (all of ``data``)."""
+        self._payload += data
         self._need -= n
 
     def feed(self, data: _Chunk) -> list[Frame]:
@@ -143,8 +130,7 @@ class StreamParser:
             if self._need:
                 return frames
             payload = self._payload
-            assert payload is not None
-            self.head, self._payload, self._filled = None, None, 0
+            self.head, self._payload = None, bytearray()
             # The grammar was checked when the head arrived.
             frames.append(Message(head.num, head.headers, head.attachments, payload))
             view = view[take:]
@@ -166,7 +152,7 @@ class StreamParser:
                     else:
                         # Payload incomplete: gather it from later chunks without rebuffering.
                         self.head = head
-                        self._first = bytes(view[ppos:end])
+                        self._payload = bytearray(view[ppos:end])
                         self._need = stop - end
                         self._buf = b""
                         # Check placement now, not after megabytes of payload have arrived.
@@ -185,9 +171,7 @@ class StreamParser:
         """The stream was reset: drop any partially received frame (§2.1)."""
         self._buf = b""
         self.head = None
-        self._first = b""
-        self._payload = None
-        self._filled = 0
+        self._payload = bytearray()
         self._need = 0
 
     def finish(self) -> None:

@@ -159,75 +159,69 @@ async def _pair(answer: bool) -> tuple[Any, Any]:
     return ends[0], ends[1]
 
 
+def with_pair(body: Any, answer: bool = True) -> None:
+    """Run ``await body(client, server)`` on two fresh loopback transports, then close them."""
+
+    async def main() -> None:
+        client, server = await _pair(answer)
+        try:
+            await body(client, server)
+        finally:
+            client.close()
+            server.close()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
 def test_a_probe_search_finds_the_largest_size_and_tells_the_peer() -> None:
-    asyncio.run(asyncio.wait_for(_search_found(), 10))
-
-
-async def _search_found() -> None:
-    client, server = await _pair(answer=True)
-    try:
-        addr = server.get_extra_info("sockname")
-        found = await client.probe_path(addr, 1472, 16384)
+    async def body(client: Any, server: Any) -> None:
+        found = await client.probe_path(server.get_extra_info("sockname"), 1472, 16384)
         assert found == 16356, "loopback carries every size up to the limit"
         await asyncio.sleep(0.05)
         assert server.path_sizes == {client.get_extra_info("sockname"): 16356}
-    finally:
-        client.close()
-        server.close()
+
+    with_pair(body)
 
 
 def test_a_peer_that_answers_no_probe_leaves_the_route_size() -> None:
-    asyncio.run(asyncio.wait_for(_search_unanswered(), 10))
-
-
-async def _search_unanswered() -> None:
-    client, server = await _pair(answer=False)
-    try:
+    async def body(client: Any, server: Any) -> None:
         found = await client.probe_path(server.get_extra_info("sockname"), 1472, 16384)
         assert found is None and not server.path_sizes
-    finally:
-        client.close()
-        server.close()
+
+    with_pair(body, answer=False)
 
 
 def test_sizes_the_first_hop_refuses_cost_no_waiting() -> None:
     """A 9000-byte link: probes above it fail at once (EMSGSIZE); the search neither waits
     for them nor for a second round of sizes that all fail so."""
-    asyncio.run(asyncio.wait_for(_search_jumbo(), 10))
 
-
-async def _search_jumbo() -> None:
-    client, server = await _pair(answer=True)
-    real = client.send_probe
-    client.send_probe = lambda data, addr: len(data) <= 8972 and real(data, addr)
-    try:
+    async def body(client: Any, server: Any) -> None:
+        real = client.send_probe
+        client.send_probe = lambda data, addr: len(data) <= 8972 and real(data, addr)
         loop = asyncio.get_running_loop()
         started = loop.time()
         found = await client.probe_path(server.get_extra_info("sockname"), 1472, 65507)
         assert found == 8972
         assert loop.time() - started < pmtu.PROBE_WAIT / 2
-    finally:
-        client.close()
-        server.close()
+
+    with_pair(body)
 
 
 def test_a_second_connection_to_the_peer_reuses_the_result_and_still_tells_the_server() -> None:
-    asyncio.run(asyncio.wait_for(_search_twice(), 10))
+    async def body(client: Any, server: Any) -> None:
+        later, spare = await _pair(answer=True)  # another client socket of this process
+        asked: list[int] = []
+        real = later.send_probe
+        later.send_probe = lambda data, addr: asked.append(data[8]) or real(data, addr)
+        try:
+            addr = server.get_extra_info("sockname")
+            assert await client.probe_path(addr, 1472, 16384) == 16356
+            assert await later.probe_path(addr, 1472, 16384) == 16356
+            assert set(asked) == {pmtu.PROBE_RESULT}, "no probe, no waiting: only the result"
+            await asyncio.sleep(0.05)
+            assert server.path_sizes[later.get_extra_info("sockname")] == 16356
+        finally:
+            later.close()
+            spare.close()
 
-
-async def _search_twice() -> None:
-    client, server = await _pair(answer=True)
-    later, spare = await _pair(answer=True)  # another client socket of this process
-    asked: list[int] = []
-    real = later.send_probe
-    later.send_probe = lambda data, addr: asked.append(data[8]) or real(data, addr)
-    try:
-        addr = server.get_extra_info("sockname")
-        assert await client.probe_path(addr, 1472, 16384) == 16356
-        assert await later.probe_path(addr, 1472, 16384) == 16356
-        assert set(asked) == {pmtu.PROBE_RESULT}, "no probe, no waiting: only the result"
-        await asyncio.sleep(0.05)
-        assert server.path_sizes[later.get_extra_info("sockname")] == 16356
-    finally:
-        for end in (client, server, later, spare):
-            end.close()
+    with_pair(body)

@@ -14,7 +14,7 @@ from delta_store_helpers import read, stage, write
 from deltalake import DeltaTable
 
 from aqueduct_spark.protocol import SchemaMismatch
-from aqueduct_spark.service.staging import delta_schema
+from aqueduct_spark.service.delta_types import delta_schema
 from aqueduct_spark.service.store import Store
 
 UTC = dt.UTC

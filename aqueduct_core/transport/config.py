@@ -45,7 +45,6 @@ class TransportConfig:
     The kernel caps them at net.core.rmem_max / wmem_max."""
     idle_timeout: float = 30.0
     """A peer silent for this long is gone: every handle then raises ConnectionLost."""
-    handshake_timeout: float = 10.0
     initial_rtt: float = 0.1
     """RTT assumed before the first measurement (aioquic's default; qh3 assumes 0.333 s,
     which makes a lossy handshake back off for seconds)."""
@@ -82,6 +81,13 @@ class TransportConfig:
     the environment sets ``AQUEDUCT_ZERORTT=0``. False: every connection is a full
     handshake."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+    @property
+    def handshake_timeout(self) -> float:
+        """Seconds a connection may take to be ready at either end: the QUIC or TLS/TCP
+        handshake, then the Aqueduct connection headers. It lives in one place,
+        ``engine.handshake_timeout`` (``EngineConfig(handshake_timeout=...)``)."""
+        return self.engine.handshake_timeout
 
     def with_(self, **changes: object) -> TransportConfig:
         return replace(self, **changes)  # type: ignore[arg-type]

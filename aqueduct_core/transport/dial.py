@@ -27,7 +27,6 @@ import ssl
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -204,8 +203,6 @@ async def _tcp(
     codecs: dict[str, Codec],
 ) -> Connection:
     engine_cfg = config.engine
-    if engine_cfg.handshake_timeout != config.handshake_timeout:
-        engine_cfg = replace(engine_cfg, handshake_timeout=config.handshake_timeout)
 
     def make() -> Connection:
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)

@@ -125,10 +125,6 @@ async def connect(
     quic, resuming = _client_quic(backend, config, qc, (host, port, tls))
     proto_cls = protocol_class(backend)
     engine_cfg = config.engine
-    if engine_cfg.handshake_timeout != config.handshake_timeout:
-        from dataclasses import replace
-
-        engine_cfg = replace(engine_cfg, handshake_timeout=config.handshake_timeout)
 
     def make() -> Connection:
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)

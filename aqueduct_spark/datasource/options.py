@@ -121,7 +121,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "connectTimeout",
-        duration_text(TransportConfig.handshake_timeout),
+        duration_text(EngineConfig().handshake_timeout),
         "all",
         "How long to wait for the service to answer the handshake.",
     ),
@@ -382,9 +382,10 @@ class Options:
             backend=self.backend,  # type: ignore[arg-type]
             transport=self.transport,  # type: ignore[arg-type]
             packet_size=self.packet_size,
-            handshake_timeout=self.connect_timeout,
             idle_timeout=self.idle_timeout,
-            engine=EngineConfig(flow_window=self.flow_window),
+            engine=EngineConfig(
+                flow_window=self.flow_window, handshake_timeout=self.connect_timeout
+            ),
         )
         return ClientConfig(
             self.url,

@@ -371,7 +371,9 @@ def test_a_server_hook_can_refuse_a_connection() -> None:
         raise AssertionError("never reached")
 
     async def main() -> None:
-        server = await serve(handler, headers=hook, config=TransportConfig(handshake_timeout=5))
+        server = await serve(
+            handler, headers=hook, config=TransportConfig(engine=EngineConfig(handshake_timeout=5))
+        )
         try:
             with pytest.raises(ConnectError, match="no token, no service"):
                 await connect("127.0.0.1", server.port, tls=server.client_tls())

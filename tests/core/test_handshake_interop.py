@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from aqueduct_core.engine import EngineConfig
 from aqueduct_core.transport import TransportConfig, connect, make_dev_certificates, serve
 from aqueduct_core.transport.backends import load
 
@@ -174,7 +175,7 @@ def test_100_connects_per_backend_pair_none_fails_p99_under_200_ms(
         config = TransportConfig(
             backend=client,  # type: ignore[arg-type]
             transport="quic",  # never TCP, which would win a race against a slow handshake
-            handshake_timeout=5.0,
+            engine=EngineConfig(handshake_timeout=5.0),
             zero_rtt=False,
         )
         tls = srv.client_tls()

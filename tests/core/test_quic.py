@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from aqueduct_core.api import Connection, Receiver, channel, oneshot
+from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import ConnectionLost, LostInTransit
 from aqueduct_core.testing.quicpair import quic_pair
 from aqueduct_core.testing.udpproxy import LossyUDPProxy
@@ -231,7 +232,7 @@ def test_tls_modes(backend: str, tmp_path: Path) -> None:
         return result
 
     async def main() -> None:
-        config = TransportConfig(backend=backend, handshake_timeout=3)  # type: ignore[arg-type]
+        config = TransportConfig(backend=backend, engine=EngineConfig(handshake_timeout=3))  # type: ignore[arg-type]
         certs = make_dev_certificates(tmp_path / "certs")
         server = await serve(handler, tls=certs.server_tls, config=config)
         try:

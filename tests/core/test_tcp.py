@@ -24,6 +24,7 @@ import pytest
 from aqueduct_core import ClientTLS, ConnectError, Connection, TransportConfig, connect, serve
 from aqueduct_core.api import channel, oneshot
 from aqueduct_core.api.channel import DEFAULT_MAXSIZE
+from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import CloseCode, ConnectionLost
 from aqueduct_core.transport import Server, dial
 from aqueduct_core.transport.mux_wire import (
@@ -625,7 +626,7 @@ def test_the_environment_replaces_auto_only(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_nothing_listening_fails_fast_with_both_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
-    config = TransportConfig(handshake_timeout=1.0)
+    config = TransportConfig(engine=EngineConfig(handshake_timeout=1.0))
 
     async def main() -> None:
         with socket.socket() as s:

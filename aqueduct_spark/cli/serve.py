@@ -27,6 +27,11 @@ class AqueductServeError(AqueductError):
     """``aqueduct serve`` could not start."""
 
 
+def service_url(host: str, port: int) -> str:
+    """The URL clients use: an IPv6 literal in brackets (``quic://[::1]:4433``)."""
+    return f"quic://[{host}]:{port}" if ":" in host else f"quic://{host}:{port}"
+
+
 def _need_service(command: str) -> None:
     """Say what to install when the service's dependencies are missing (an executor-side
     install, ``aqueduct-spark[spark]``, has the client only)."""
@@ -92,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
     banner = {
-        "url": f"quic://{args.host}:{port}",
+        "url": service_url(args.host, port),
         "fingerprint": fingerprint,
         "cafile": str(ca) if ca else None,
         "workers": args.workers,
@@ -198,7 +203,7 @@ async def _serve_forever(
         reuse_port=spec["reuse_port"],
     )
     if banner is not None:
-        banner = {**banner, "url": f"quic://{spec['host']}:{server.port}"}
+        banner = {**banner, "url": service_url(spec["host"], server.port)}
         _print_banner(banner)
     if ready is not None:
         ready.set()

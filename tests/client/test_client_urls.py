@@ -106,7 +106,8 @@ def test_an_ipv6_literal_reaches_a_service_on_ipv6(
 ) -> None:
     svc = start_service(tmp_path_factory.mktemp("v6-root"), args=["--host", "::1"])
     try:
-        for url in (f"quic://[::1]:{svc.port}", f"tcp://[::1]:{svc.port}"):
+        assert svc.url == f"quic://[::1]:{svc.port}"  # what serve prints is usable as is
+        for url in (svc.url, f"tcp://[::1]:{svc.port}"):
             client = _client(svc, url)
             client.write("v6", pa.table({"n": [1]}))
             assert client.read("v6").num_rows >= 1, url

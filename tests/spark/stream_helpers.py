@@ -3,6 +3,7 @@ subprocess, and the latency benchmark."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,3 +53,30 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(step)
+
+
+class Appender:
+    """Appends 20-row versions to a dataset in the background, with fresh ids, until
+    stopped. Failed appends (the service was down) are retried with new ids; what the
+    source holds at the end is read back, not assumed."""
+
+    def __init__(self, client: Any, dataset: str, start: int, pause: float = 0.25) -> None:
+        self.client, self.dataset, self.next, self.pause = client, dataset, start, pause
+        self.done = threading.Event()
+        self.appended = 0
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.pause):
+            try:
+                self.client.append(self.dataset, rows(self.next, 20))
+                self.appended += 1
+            except Exception as exc:  # the service is down: try again later
+                self.errors.append(exc)
+            self.next += 20
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(120)

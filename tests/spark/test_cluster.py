@@ -5,21 +5,19 @@ every row in the sink exactly once. Slow (six JVMs on this machine): ``make slow
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
-from stream_helpers import SCHEMA, ids_of, rows, wait_until
+from stream_helpers import SCHEMA, Appender, ids_of, rows, wait_until
 
 from aqueduct_core.transport import TransportConfig
 from aqueduct_spark.testing import ServiceProcess, start_service
@@ -132,27 +130,6 @@ def executors(work: Path) -> list[int]:
         if b"CoarseGrainedExecutorBackend" in cmdline and cwd.startswith(str(work)):
             found.append(int(proc.name))
     return found
-
-
-class Appender:
-    """Appends 20-row versions to a dataset in the background until stopped; failed appends
-    (the service was down) go on with fresh ids. What the source holds is read back later."""
-
-    def __init__(self, client: Any, dataset: str, start: int) -> None:
-        self.client, self.dataset, self.next = client, dataset, start
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.wait(0.3):
-            with contextlib.suppress(Exception):  # the service is down: go on later
-                self.client.append(self.dataset, rows(self.next, 20))
-            self.next += 20
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(120)
 
 
 @pytest.mark.timeout(1200)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from stream_helpers import (
     SCHEMA,
+    Appender,
     ids_of,
     rows,
     wait_until,
@@ -30,33 +30,6 @@ from aqueduct_spark.testing import ServiceProcess, start_service
 pytestmark = [pytest.mark.spark, pytest.mark.fault]
 
 DRIVER = Path(__file__).parent / "stream_driver.py"
-
-
-class Appender:
-    """Appends 20-row versions to a dataset in the background, with fresh ids, until
-    stopped. Failed appends (the service was down) are retried with new ids; what the
-    source holds at the end is read back, not assumed."""
-
-    def __init__(self, client: Any, dataset: str, start: int, pause: float = 0.25) -> None:
-        self.client, self.dataset, self.next, self.pause = client, dataset, start, pause
-        self.done = threading.Event()
-        self.appended = 0
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.wait(self.pause):
-            try:
-                self.client.append(self.dataset, rows(self.next, 20))
-                self.appended += 1
-            except Exception as exc:  # the service is down: try again later
-                self.errors.append(exc)
-            self.next += 20
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(120)
 
 
 class Driver:

@@ -370,7 +370,7 @@ def _build(backend: Backend) -> type:
         def datagram_received(self, data: Any, addr: Any) -> None:
             if not self._sized:
                 self._size_for_path(addr)  # a server's first packet from this client
-            if is_aioquic and self._reset_by_peer(data):
+            if is_aioquic and self._reset_by_peer(data, self._reset_tokens()):
                 return
             super().datagram_received(data, addr)
 
@@ -390,10 +390,14 @@ def _build(backend: Backend) -> type:
                 )
             self._path_size = found
 
-        def _reset_by_peer(self, data: bytes) -> bool:
+        def _reset_tokens(self) -> list[bytes]:
+            """aioquic client: the server's reset tokens (none to check on a server)."""
+            return peer_tokens(self._quic) if self.is_client_side else []
+
+        def _reset_by_peer(self, data: bytes, tokens: list[bytes]) -> bool:
             """aioquic: a stateless reset from the server (``reset.py``; qh3 notices its own)
             ends the connection at once."""
-            if not self.is_client_side or not is_reset(data, peer_tokens(self._quic)):
+            if not tokens or not is_reset(data, tokens):
                 return False
             quic = self._quic
             quic._close_event = ev.ConnectionTerminated(
@@ -439,8 +443,9 @@ def _build(backend: Backend) -> type:
             if not self._sized:
                 self._size_for_path(addr)
             quic, now = self._quic, self._loop.time()
+            tokens = self._reset_tokens()  # once per burst, not per packet
             for data in datagrams:
-                if self._reset_by_peer(data):
+                if self._reset_by_peer(data, tokens):
                     return
                 quic.receive_datagram(data, addr, now=now)
             self._process_events()

@@ -294,7 +294,9 @@ def check_batch(batch: Any) -> tuple[int, int, int]:
     )
     if not ok:
         raise AssertionError("a batch arrived with values that differ from the table")
-    squares = pc.sum(pc.multiply(ids.cast(pa.float64()), ids.cast(pa.float64()))).as_py() or 0
+    # Exact at any size: squares summed as 38-digit decimals (float64 loses the last digits
+    # past 2**53, int64 overflows past ~3M rows).
+    squares = pc.sum(pc.multiply_checked(ids, ids).cast(pa.decimal128(38, 0))).as_py() or 0
     return batch.num_rows, pc.sum(ids).as_py() or 0, int(squares)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.client import frames
 from aqueduct_spark.client.models import DatasetDescription
 from aqueduct_spark.client.reads import Reads
 from aqueduct_spark.client.subscriptions import Subscriptions
@@ -23,6 +24,14 @@ class AsyncClient(Reads, Writes, Subscriptions):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def to_pandas(self, name: str, **kw: Any) -> Any:
+        """:meth:`read` as a pandas DataFrame (same arguments)."""
+        return frames.to_pandas(await self.read(name, **kw))
+
+    async def to_polars(self, name: str, **kw: Any) -> Any:
+        """:meth:`read` as a Polars DataFrame (same arguments; needs ``pip install polars``)."""
+        return frames.to_polars(await self.read(name, **kw))
 
     async def list(self) -> list[DatasetDescription]:
         result = await self.call("list")

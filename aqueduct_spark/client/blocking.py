@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from aqueduct_spark.client import frames
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction
 from aqueduct_spark.client.pool import Portal, pooled, unpool
@@ -32,6 +33,12 @@ class Client:
         self.config = config
         self._portal = Portal.get()
         self._client = pooled(config)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _run(self, coro: Awaitable[T]) -> T:
         return self._portal.run(coro)
@@ -74,6 +81,14 @@ class Client:
 
     def read(self, name: str, **kw: Any) -> pa.Table:
         return self._run(self._client.read(name, **kw))
+
+    def to_pandas(self, name: str, **kw: Any) -> Any:
+        """:meth:`read` as a pandas DataFrame (same arguments)."""
+        return frames.to_pandas(self.read(name, **kw))
+
+    def to_polars(self, name: str, **kw: Any) -> Any:
+        """:meth:`read` as a Polars DataFrame (same arguments; needs ``pip install polars``)."""
+        return frames.to_polars(self.read(name, **kw))
 
     def begin(self, name: str, schema: pa.Schema, **kw: Any) -> Transaction:
         return self._run(self._client.begin(name, schema, **kw))

@@ -14,6 +14,7 @@ import pyarrow as pa
 from aqueduct_core.api import channel, oneshot
 from aqueduct_core.errors import AqueductError, ChannelError
 from aqueduct_spark import protocol as P
+from aqueduct_spark.client import frames
 from aqueduct_spark.client.models import Transaction
 from aqueduct_spark.client.session import Session
 
@@ -134,14 +135,16 @@ class Writes(Session):
     async def write(
         self,
         name: str,
-        data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
+        data: Any,
         *,
         mode: str = "append",
         partition_by: Sequence[str] = (),
         app_id: str | None = None,
         app_version: int | None = None,
     ) -> dict[str, Any]:
-        """Write a table in one transaction (staged, then committed)."""
+        """Write a table in one transaction (staged, then committed). ``data`` is a Table, a
+        RecordBatch, an iterable of batches, or a data frame (pandas, Polars: see frames)."""
+        data = frames.to_arrow(data)
         if isinstance(data, pa.Table):
             schema, batches = data.schema, data.to_batches()
         elif isinstance(data, pa.RecordBatch):

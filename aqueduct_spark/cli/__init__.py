@@ -28,7 +28,8 @@ from aqueduct_spark.cli.datasets import (
     cmd_import,
     cmd_ls,
 )
-from aqueduct_spark.cli.serve import cmd_cert, cmd_serve, cmd_vacuum
+from aqueduct_spark.cli.maintenance import COMMANDS as MAINTENANCE_COMMANDS
+from aqueduct_spark.cli.serve import cmd_cert, cmd_serve
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -43,7 +44,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "drop": cmd_drop,
     "import": cmd_import,
     "export": cmd_export,
-    "vacuum": cmd_vacuum,
+    **MAINTENANCE_COMMANDS,
 }
 
 

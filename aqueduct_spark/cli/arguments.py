@@ -7,6 +7,7 @@ import argparse
 import os
 
 from aqueduct_core.engine import EngineConfig
+from aqueduct_spark.cli import maintenance
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
 
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="channels a client may create that are not attached yet (default %(default)s)",
     )
+    maintenance.add_serve_options(s)
 
     c = sub.add_parser("cert", help="create a development CA and server certificate")
     c.add_argument(
@@ -248,23 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _file_format_option(exp)
     _read_options(exp)
     _client_options(exp)
-    vac = sub.add_parser(
-        "vacuum", help="delete files no version needs (run on the service's machine)"
-    )
-    vac.add_argument("dataset")
-    vac.add_argument(
-        "--root",
-        default=os.environ.get("AQUEDUCT_ROOT", "./aqueduct-data"),
-        help="the service's data directory (default %(default)s)",
-    )
-    vac.add_argument(
-        "--retention-hours",
-        type=float,
-        default=168.0,
-        help="keep files removed less than this long ago (default %(default)s = 7 days)",
-    )
-    vac.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
-    _storage_options(vac)
+    maintenance.add_parsers(sub, _client_options)
     return parser
 
 

@@ -1,6 +1,6 @@
 """The commands that run on the service's machine: ``serve`` (one process, or several
-sharing the port), ``cert`` and ``vacuum``. ``serve`` and ``vacuum`` need the ``service``
-extra (Delta Lake)."""
+sharing the port) and ``cert``. ``serve`` needs the ``service`` extra (Delta Lake); so does
+``vacuum --root`` (:mod:`.maintenance`)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ServerTLS, TransportConfig
 from aqueduct_core.transport.tls import file_fingerprint, format_fingerprint, make_dev_certificates
+from aqueduct_spark.cli.maintenance import maintenance_config
 
 
 class AqueductServeError(AqueductError):
@@ -94,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_channels": args.max_channels,
         },
         "reuse_port": args.workers > 1,
+        "maintenance": maintenance_config(args),
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
     banner = {
@@ -187,6 +189,7 @@ async def _serve_forever(
         storage_options=spec["storage_options"],
         max_requests=spec["max_requests"],
         max_scans=spec["max_scans"],
+        maintenance=spec["maintenance"],
     )
     transport = TransportConfig(
         backend=spec["backend"],
@@ -219,20 +222,3 @@ def _free_udp_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def cmd_vacuum(args: argparse.Namespace) -> int:
-    _need_service("vacuum")
-    from datetime import timedelta
-
-    from aqueduct_spark.service.store import Store
-
-    options = dict(kv.split("=", 1) for kv in args.storage_option)
-    removed = Store(args.root, options or None).vacuum(
-        args.dataset, retention=timedelta(hours=args.retention_hours), dry_run=args.dry_run
-    )
-    verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {len(removed)} files")
-    for path in removed:
-        print(f"  {path}")
-    return 0

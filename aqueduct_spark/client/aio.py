@@ -3,6 +3,7 @@ write and push sides it inherits (``reads``, ``writes``, ``subscriptions``)."""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,9 +71,74 @@ class AsyncClient(Reads, Writes, Subscriptions):
     async def offsets(self, name: str, *, since_version: int | None = None) -> dict[str, Any]:
         return dict(await self.call("offsets", dataset=name, since_version=since_version))
 
-    async def changes(self, name: str, version: int, *, missing_ok: bool = False) -> dict[str, Any]:
-        """The files ``version`` added (split dicts, in a stable order). DataLoss if some are
-        gone (vacuumed); with ``missing_ok`` their paths are in ``missing`` instead."""
+    async def changes(
+        self, name: str, version: int, *, missing_ok: bool = False, change_feed: bool = False
+    ) -> dict[str, Any]:
+        """The files ``version`` added (split dicts, in a stable order) and how many it
+        removed (``removes``); with ``change_feed``, its change-feed splits. DataLoss if some
+        are gone (vacuumed); with ``missing_ok`` their paths are in ``missing`` instead."""
         return dict(
-            await self.call("changes", dataset=name, version=version, missing_ok=missing_ok)
+            await self.call(
+                "changes",
+                dataset=name,
+                version=version,
+                missing_ok=missing_ok,
+                change_feed=change_feed or None,
+            )
         )
+
+    async def feed(
+        self,
+        name: str,
+        *,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        starting_timestamp: Any = None,
+        ending_timestamp: Any = None,
+        change_feed: bool = False,
+    ) -> dict[str, Any]:
+        """What each version of a range did (inclusive; by number or commit time): per
+        version its ``files`` to scan (the rows it added; with ``change_feed``, its change
+        feed) and how many files it ``removes``. See ``docs/dataset-protocol.md``."""
+        result = dict(
+            await self.call(
+                "feed",
+                dataset=name,
+                starting_version=starting_version,
+                ending_version=ending_version,
+                starting_timestamp=starting_timestamp,
+                ending_timestamp=ending_timestamp,
+                change_feed=change_feed,
+            )
+        )
+        result["schema"] = P.schema_from_bytes(result["schema"])
+        return result
+
+    # -- maintenance (writes, as to rights) ---------------------------------------------
+
+    async def compact(self, name: str, *, target_bytes: int | None = None) -> dict[str, Any]:
+        """Rewrite small files into larger ones (a version with ``dataChange=false``)."""
+        return dict(
+            await self.call("compact", idempotent=False, dataset=name, target_bytes=target_bytes)
+        )
+
+    async def vacuum(
+        self, name: str, *, retention_hours: float | None = None, dry_run: bool = False
+    ) -> builtins.list[str]:
+        """Delete files removed over ``retention_hours`` ago (default 7 days); their paths."""
+        result = await self.call(
+            "vacuum",
+            idempotent=False,
+            dataset=name,
+            retention_hours=retention_hours,
+            dry_run=dry_run,
+        )
+        return list(result["removed"])
+
+    async def restore(self, name: str, version: int) -> dict[str, Any]:
+        """Make the data what it was at ``version``, as a new version."""
+        return dict(await self.call("restore", idempotent=False, dataset=name, version=version))
+
+    async def delete(self, name: str, predicate: str) -> dict[str, Any]:
+        """Delete the rows where the SQL ``predicate`` holds, as a new version."""
+        return dict(await self.call("delete", idempotent=False, dataset=name, predicate=predicate))

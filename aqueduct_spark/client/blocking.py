@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -60,6 +61,21 @@ class Client:
 
     def changes(self, name: str, version: int, **kw: Any) -> dict[str, Any]:
         return self._run(self._client.changes(name, version, **kw))
+
+    def feed(self, name: str, **kw: Any) -> dict[str, Any]:
+        return self._run(self._client.feed(name, **kw))
+
+    def compact(self, name: str, **kw: Any) -> dict[str, Any]:
+        return self._run(self._client.compact(name, **kw))
+
+    def vacuum(self, name: str, **kw: Any) -> builtins.list[str]:
+        return self._run(self._client.vacuum(name, **kw))
+
+    def restore(self, name: str, version: int) -> dict[str, Any]:
+        return self._run(self._client.restore(name, version))
+
+    def delete(self, name: str, predicate: str) -> dict[str, Any]:
+        return self._run(self._client.delete(name, predicate))
 
     def subscribe(
         self, name: str, on_version: Callable[[int], None], on_state: Callable[[bool], None]

@@ -4,8 +4,10 @@ Top down (a module imports only those below it):
 
 - ``server``: connections, request dispatch, the streaming requests (scan, write, subscribe).
 - ``operations``: the requests answered with one reply, run in worker threads.
+- ``maintenance``: checkpoints, log cleanup, compaction, vacuum, restore, delete.
 - ``admission``: how many requests and threads each connection gets.
 - ``store``: the datasets (describe, create, drop, plan, scan, stage, commit, clean up).
+- ``changes``: version ranges and the change feed.
 - ``commits``: one Delta commit of a write's staged files, checked.
 - ``tables``: where each dataset's table lives, and opening it at a version.
 - ``scan``: splits of a pinned version, and reading one.

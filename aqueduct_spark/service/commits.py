@@ -42,6 +42,7 @@ from aqueduct_spark.protocol import (
 )
 
 from . import delta_log, delta_types, staging
+from .changes import TABLE_PROPERTIES
 from .tables import Tables, delta_error
 
 MODES = ("append", "overwrite", "create")
@@ -150,12 +151,14 @@ def commit(
                     adds,
                     mode="error",
                     partition_by=list(parts),
+                    configuration=TABLE_PROPERTIES,
                     storage_options=tables.delta_options(),
                     commit_properties=CommitProperties(
                         custom_metadata={METADATA_KEY: meta},
                         max_commit_retries=0,  # see the module docstring
                         app_transactions=txns,
                     ),
+                    post_commithook_properties=tables.commit_hooks,
                 )
                 return CommitResult(0, meta["rows"], meta["bytes"], meta["files"], True)
             except DeltaError as exc:
@@ -207,6 +210,7 @@ def commit(
                 commit_properties=CommitProperties(
                     custom_metadata={METADATA_KEY: meta}, app_transactions=txns
                 ),
+                post_commithook_properties=tables.commit_hooks,
             )
         except CommitFailedError as exc:
             failure = exc

@@ -1,5 +1,6 @@
 """The requests answered with one reply (``list``, ``describe``, ``create``, ``drop``,
-``plan``, ``begin``, ``commit``, ``abort``, ``offsets``, ``changes``; §5 of
+``plan``, ``begin``, ``commit``, ``abort``, ``offsets``, ``changes``, ``feed``, and the
+maintenance requests ``compact``, ``vacuum``, ``restore``, ``delete``; §5 of
 ``docs/dataset-protocol.md``): each reads its fields, calls the store and returns the result
 the reply carries. They block, so the server runs them in worker threads; the streaming
 requests (``scan``, ``write``, ``subscribe``) are the server's own.
@@ -13,7 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.service import changes, delta_log, maintenance
 from aqueduct_spark.service.store import Store
+
+COMMITTING = frozenset({"commit", "compact", "restore", "delete"})
+"""Requests whose result may be a new version (``committed``, ``version``): subscribers hear
+of it, and the service's maintenance counts it."""
+MAINTENANCE = frozenset({"compact", "vacuum", "restore", "delete"})
+"""Requests that change a dataset's table without writing data: writes, as to rights."""
 
 
 def field(req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -63,6 +71,11 @@ class Operations:
             "abort": self.abort,
             "offsets": self.offsets,
             "changes": self.changes,
+            "feed": self.feed,
+            "compact": self.compact,
+            "vacuum": self.vacuum,
+            "restore": self.restore,
+            "delete": self.delete,
         }
 
     def list_datasets(self, req: dict[str, Any]) -> Any:
@@ -169,12 +182,75 @@ class Operations:
         # missing_ok: files already vacuumed are listed under "missing" instead of failing
         # (a stream with failOnDataLoss=false skips just those, keeping file positions stable)
         missing: list[str] | None = [] if req.get("missing_ok") else None
-        files = self.store.version_files(name, version, missing=missing)
+        if req.get("change_feed"):
+            # the change feed of one version: its change files, or its adds and removes
+            found = changes.feed(
+                self.store, name, version, version, change_feed=True, missing_ok=True
+            )
+            entry = found["versions"][0] if found["versions"] else {"files": [], "removes": 0}
+            if found["missing"] and missing is None:
+                raise P.DataLoss(
+                    f"{len(found['missing'])} files of dataset {name!r} version {version} are "
+                    f"gone (vacuumed), e.g. {found['missing'][0]!r}"
+                )
+            files, removes = entry["files"], entry["removes"]
+            missing = found["missing"]
+        else:
+            files = [f.to_dict() for f in self.store.version_files(name, version, missing)]
+            removes = changes.removed_by(delta_log.read_log(self.store.filesystem(name), version))
         return {
             "version": version,
-            "files": [f.to_dict() for f in files],
+            "files": files,
+            "removes": removes,
             "missing": missing or [],
             # after the files: a table re-created meanwhile shows as another id, never as
             # the new table's files under the old id
             "table_id": self.store.table_id(name),
         }
+
+    def feed(self, req: dict[str, Any]) -> Any:
+        result = changes.feed(
+            self.store,
+            field(req, "dataset", str),
+            starting_version=field(req, "starting_version", int, None),
+            ending_version=field(req, "ending_version", int, None),
+            starting_timestamp=timestamp(req.get("starting_timestamp")),
+            ending_timestamp=timestamp(req.get("ending_timestamp")),
+            change_feed=bool(req.get("change_feed", False)),
+            missing_ok=bool(req.get("missing_ok", False)),
+        )
+        return {**result, "schema": P.schema_to_bytes(result["schema"])}
+
+    # -- maintenance on request ----------------------------------------------------------
+
+    def compact(self, req: dict[str, Any]) -> Any:
+        return maintenance.compact(
+            self.store,
+            field(req, "dataset", str),
+            field(req, "target_bytes", int, None)
+            or maintenance.MaintenanceConfig.compact_target_bytes,
+        )
+
+    def vacuum(self, req: dict[str, Any]) -> Any:
+        hours = field(req, "retention_hours", (int, float), None)
+        retention = (
+            maintenance.MaintenanceConfig.vacuum_retention
+            if hours is None
+            else dt.timedelta(hours=hours)
+        )
+        removed = self.store.vacuum(
+            field(req, "dataset", str),
+            retention=retention,
+            dry_run=bool(req.get("dry_run", False)),
+        )
+        return {"removed": removed}
+
+    def restore(self, req: dict[str, Any]) -> Any:
+        return maintenance.restore(
+            self.store, field(req, "dataset", str), field(req, "version", int)
+        )
+
+    def delete(self, req: dict[str, Any]) -> Any:
+        return maintenance.delete(
+            self.store, field(req, "dataset", str), field(req, "predicate", str)
+        )

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import cbor2
@@ -32,7 +33,9 @@ from aqueduct_core.errors import (
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
-from aqueduct_spark.service.operations import Operations, field
+from aqueduct_spark.service.changes import scan_change
+from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
+from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
 
 log = logging.getLogger("aqueduct.service")
@@ -69,6 +72,8 @@ class ServiceConfig:
     threads: int = DEFAULT_THREADS
     """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections;
     one connection runs at most a quarter of them (at least one) at once."""
+    maintenance: MaintenanceConfig = dataclass_field(default_factory=MaintenanceConfig)
+    """Checkpoints, log cleanup, compaction and vacuum after commits (off unless enabled)."""
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "max_scans", "threads"):
@@ -157,9 +162,12 @@ class _RequestCodec(CborCodec):
             return _Malformed(str(exc), list(taken.values()))
 
 
-REPLAY_SAFE = frozenset({"list", "describe", "plan", "scan", "offsets", "changes", "subscribe"})
+REPLAY_SAFE = frozenset(
+    {"list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
+)
 """Requests the service acts on before the QUIC handshake completes (they only read);
-every other one (create, drop, begin, write, commit, abort) waits for it (profile §2.11)."""
+every other one (create, drop, begin, write, commit, abort, and the maintenance requests)
+waits for it (profile §2.11)."""
 
 
 class DatasetService:
@@ -172,6 +180,7 @@ class DatasetService:
         self._subscribers: dict[str, set[_Subscriber]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._pool = FairPool(config.threads)
+        self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
 
     # -- connection handling ----------------------------------------------------------
 
@@ -255,8 +264,9 @@ class DatasetService:
             elif op in self._ops:
                 result = await self._pool.run(session, self._ops[op], req)
                 self._reply(req, P.ok(result))
-                if op == "commit" and result.get("committed"):
+                if op in COMMITTING and result.get("committed"):
                     self._notify(req["dataset"], result["version"])
+                    self.maintenance.after_commit(req["dataset"], result["version"])
             else:
                 raise P.InvalidRequest(f"unknown operation {op!r}")
         except Exception as exc:  # every failure becomes an answer, never a dead connection
@@ -349,7 +359,8 @@ class DatasetService:
             session.scans -= 1
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
-        split = P.Split.from_dict(field(req, "split", dict))
+        raw_split = field(req, "split", dict)
+        split = P.Split.from_dict(raw_split)
         columns = field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
         options = P.ipc_options(
@@ -361,9 +372,13 @@ class DatasetService:
         out.ordered(maxsize=SCAN_QUEUE)
 
         def produce() -> Iterator[tuple[Any, int]]:
-            for batch in self.store.scan(
-                split, columns=columns, filter=expression, batch_rows=batch_rows
-            ):
+            if "change_type" in raw_split:  # a split of the change feed (service.changes)
+                found = scan_change(self.store, raw_split, columns, batch_rows)
+            else:
+                found = self.store.scan(
+                    split, columns=columns, filter=expression, batch_rows=batch_rows
+                )
+            for batch in found:
                 if target is not None and batch.schema != target:
                     batch = _cast(batch, target)
                 yield P.batch_to_payload(batch, options), batch.num_rows

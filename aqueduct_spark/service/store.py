@@ -55,6 +55,7 @@ from aqueduct_spark.protocol import (
 )
 
 from . import commits, delta_log, delta_types, scan, staging
+from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
 from .tables import NAME_RE, Tables, delta_error
 
@@ -145,6 +146,7 @@ class Store(Tables):
                     [],
                     mode="error",
                     partition_by=list(parts),
+                    configuration=TABLE_PROPERTIES,
                     storage_options=self.delta_options(),
                     commit_properties=CommitProperties(
                         custom_metadata={METADATA_KEY: commit_meta("create", [])},

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
@@ -63,6 +63,11 @@ class Tables:
     written through pyarrow's local filesystem, URIs through deltalake's object store.
     Thread-safe.
     """
+
+    commit_hooks: PostCommitHookProperties | None = None
+    """deltalake's post-commit hooks for this store's commits; None: deltalake's defaults (a
+    checkpoint inside every 100th commit). The service's maintenance turns them off and does
+    that work after the commits instead (:mod:`.maintenance`)."""
 
     def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, str] | None = None):
         root = os.fspath(root)
@@ -158,13 +163,15 @@ class Tables:
             version = delta_log.version_at(self.filesystem(name), name, _utc(timestamp))
         try:
             return DeltaTable(self.uri(name), version=version, storage_options=self.delta_options())
-        except TableNotFoundError as exc:
-            raise DatasetNotFound(
-                f"dataset {name!r} does not exist; create it, or check the name (list datasets)"
-            ) from exc
         except DeltaError as exc:
             if version is None or not self.exists(name):
+                if isinstance(exc, TableNotFoundError):
+                    raise DatasetNotFound(
+                        f"dataset {name!r} does not exist; create it, or check the name "
+                        "(list datasets)"
+                    ) from exc
                 raise delta_error(name, exc) from exc
+            # (a version whose log was cleaned up is "table not found" to deltalake)
             raise VersionNotFound(
                 f"dataset {name!r} has no version {version} (the latest is "
                 f"{self.latest_version(name)}; old versions go when the log is cleaned up); "

@@ -1,0 +1,274 @@
+"""Table maintenance (checkpoints, log cleanup, compaction, vacuum, restore, delete) and the
+change feed, on real Delta tables; the change feed is checked against deltalake's own."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from delta_store_helpers import read, write
+from deltalake import DeltaTable
+
+from aqueduct_spark.protocol import DataLoss, InvalidRequest, VersionNotFound
+from aqueduct_spark.service import changes, maintenance
+from aqueduct_spark.service.admission import FairPool
+from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
+from aqueduct_spark.service.store import Store
+from aqueduct_spark.testing import ServiceProcess
+
+SCHEMA = pa.schema([("id", pa.int64()), ("s", pa.string())])
+
+
+def rows(*ids: int) -> pa.Table:
+    return pa.table({"id": list(ids), "s": [f"v{i}" for i in ids]}, schema=SCHEMA)
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "root"))
+
+
+def ids(store: Store, name: str, **kw: object) -> list[int]:
+    return sorted(read(store, name, columns=["id"], **kw)["id"].to_pylist())
+
+
+def log_names(store: Store, name: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(store._local_root or "", name, "_delta_log")))
+
+
+# -- compaction, pinned readers, vacuum --------------------------------------------------------
+
+
+def test_compaction_keeps_rows_and_pinned_readers_until_vacuum_retention(local: Store) -> None:
+    local.create("d", SCHEMA)
+    for i in range(6):
+        write(local, "d", rows(i))
+    pinned = local.plan("d")  # a reader pinned to version 6: six small files
+    assert len(pinned.splits) == 6
+    result = maintenance.compact(local, "d")
+    assert result["committed"] and result["files_removed"] == 6 and result["files_added"] == 1
+    assert ids(local, "d") == list(range(6)) and local.describe("d").files == 1
+    # Compaction is no new data: a stream reads nothing from it, history says so.
+    assert local.version_files("d", result["version"]) == []
+    assert local.history("d")[-1].data_change is False
+    assert maintenance.compact(local, "d")["committed"] is False  # nothing left to do
+
+    def read_pinned() -> list[int]:
+        return sorted(i for s in pinned.splits for b in local.scan(s) for i in b["id"].to_pylist())
+
+    assert read_pinned() == list(range(6))
+    assert local.vacuum("d", retention=dt.timedelta(hours=1)) == []  # within the retention
+    assert read_pinned() == list(range(6))
+    assert len(local.vacuum("d", retention=dt.timedelta(0))) == 6  # the retention passed
+    with pytest.raises(DataLoss, match="vacuumed"):
+        read_pinned()
+    assert ids(local, "d") == list(range(6))
+
+
+def test_checkpoints_and_log_cleanup_keep_the_table_readable(local: Store) -> None:
+    local.create("d", SCHEMA)
+    config = MaintenanceConfig(
+        enabled=True, checkpoint_interval=5, log_retention=dt.timedelta(0), compact_min_files=4
+    )
+    m = Maintenance(local, config, FairPool(2))
+    assert local.commit_hooks is maintenance.NO_HOOKS
+    for i in range(12):
+        write(local, "d", rows(i))
+    m.maintain("d")  # 12 versions, 12 small files: compaction, then a checkpoint
+    names = log_names(local, "d")
+    checkpoints = [n for n in names if ".checkpoint." in n]
+    assert len(checkpoints) == 1
+    newest = int(checkpoints[0][:20])
+    assert newest == local.latest_version("d") == 13  # 12 appends and the compaction
+    # the log before the checkpoint is gone (retention 0), the table and its data are not
+    assert min(int(n[:20]) for n in names if n.endswith(".json")) == newest
+    assert ids(local, "d") == list(range(12)) and local.describe("d").files == 1
+    with pytest.raises(VersionNotFound):
+        local.describe("d", version=3)
+    write(local, "d", rows(99))
+    assert ids(local, "d") == [*range(12), 99]
+    assert [v.version for v in local.history("d")] == [13, 14]
+
+
+def test_log_cleanup_keeps_what_the_retention_covers(local: Store) -> None:
+    local.create("d", SCHEMA)
+    for i in range(3):
+        write(local, "d", rows(i))
+    local.open_table("d").create_checkpoint()
+    fs = local.filesystem("d")
+    assert maintenance.cleanup_log(fs, dt.timedelta(hours=1)) == 0
+    assert local.describe("d", version=0).version == 0
+
+
+def test_maintenance_runs_after_commits_in_the_pool_and_is_off_by_default(local: Store) -> None:
+    local.create("d", SCHEMA)
+    for i in range(4):
+        write(local, "d", rows(i))
+
+    async def run(config: MaintenanceConfig) -> None:
+        m = Maintenance(local, config, FairPool(2))
+        m.after_commit("d", 4)
+        await m.wait_idle()
+
+    asyncio.run(run(MaintenanceConfig()))
+    assert local.describe("d").files == 4
+    asyncio.run(run(MaintenanceConfig(enabled=True, compact_min_files=3)))
+    assert local.describe("d").files == 1 and ids(local, "d") == [0, 1, 2, 3]
+
+
+# -- restore and delete ------------------------------------------------------------------------
+
+
+def test_restore_and_delete(local: Store) -> None:
+    local.create("d", SCHEMA)
+    write(local, "d", rows(1, 2, 3))
+    write(local, "d", rows(4))
+    deleted = maintenance.delete(local, "d", "id >= 2 AND id <= 3")
+    assert deleted["rows_deleted"] == 2 and ids(local, "d") == [1, 4]
+    restored = maintenance.restore(local, "d", 1)
+    assert restored["version"] == 4 and ids(local, "d") == [1, 2, 3]
+    assert ids(local, "d", version=3) == [1, 4]
+    with pytest.raises(InvalidRequest, match="SQL"):
+        maintenance.delete(local, "d", "nope = 1")
+    with pytest.raises(InvalidRequest, match="predicate"):
+        maintenance.delete(local, "d", " ")
+    with pytest.raises(VersionNotFound, match="no version 9"):
+        maintenance.restore(local, "d", 9)
+
+
+# -- version ranges and the change feed --------------------------------------------------------
+
+
+def history_of_every_kind(store: Store) -> None:
+    """Appends, an overwrite, a delete, a restore and a compaction."""
+    store.create("d", SCHEMA)  # 0
+    write(store, "d", rows(1, 2, 3))  # 1
+    write(store, "d", rows(4, 5))  # 2
+    write(store, "d", rows(10, 11), mode="overwrite")  # 3
+    write(store, "d", rows(12, 13))  # 4
+    maintenance.delete(store, "d", "id = 12")  # 5: a change file
+    maintenance.restore(store, "d", 2)  # 6
+    write(store, "d", rows(20))  # 7
+    maintenance.compact(store, "d")  # 8: no change
+
+
+def feed_rows(store: Store, name: str, start: int, end: int | None = None) -> list[tuple]:
+    out = []
+    found = changes.feed(store, name, start, end, change_feed=True)
+    for entry in found["versions"]:
+        for split in entry["files"]:
+            for batch in changes.scan_change(store, split):
+                out += [tuple(r.values()) for r in batch.to_pylist()]
+    return out
+
+
+def test_change_feed_matches_deltalake(local: Store) -> None:
+    history_of_every_kind(local)
+    ours = feed_rows(local, "d", 0)
+    theirs = pa.table(DeltaTable(local.uri("d")).load_cdf(0)).to_pylist()
+
+    def key(r: tuple) -> tuple:
+        return (r[3], r[2], r[0])  # version, change type, id
+
+    assert sorted(r[:4] for r in ours) == sorted(
+        (r["id"], r["s"], r["_change_type"], r["_commit_version"]) for r in theirs
+    )
+    assert {r[2] for r in ours} == {"insert", "delete"}
+    # commit timestamps are history's (commit file times); deltalake's are a few ms earlier
+    times = {v.version: v.timestamp for v in local.history("d")}
+    assert all(r[4] == times[r[3]] for r in ours)
+    theirs_t = {r["_commit_version"]: r["_commit_timestamp"] for r in theirs}
+    assert all(
+        abs(times[v] - t.replace(tzinfo=dt.UTC)) < dt.timedelta(seconds=2)
+        for v, t in theirs_t.items()
+    )
+    # a range, by version and by time
+    assert sorted(feed_rows(local, "d", 3, 3), key=key) == sorted(
+        (r for r in ours if r[3] == 3), key=key
+    )
+    by_time = changes.feed(
+        local, "d", starting_timestamp=times[4], ending_timestamp=times[5], change_feed=True
+    )
+    assert [e["version"] for e in by_time["versions"]] == [4, 5]
+
+
+def test_version_ranges_count_what_each_version_removed(local: Store) -> None:
+    history_of_every_kind(local)
+    found = changes.feed(local, "d", 1, 8)
+    by_version = {e["version"]: e for e in found["versions"]}
+    assert [len(by_version[v]["files"]) for v in range(1, 9)] == [1, 1, 1, 1, 1, 2, 1, 0]
+    assert [by_version[v]["removes"] for v in range(1, 9)] == [0, 0, 2, 0, 1, 2, 0, 0]
+    assert found["latest"] == 8 and found["schema"] == SCHEMA
+    with pytest.raises(VersionNotFound, match="no version 9"):
+        changes.feed(local, "d", 9)
+    assert changes.feed(local, "d", 5, 20)["versions"][-1]["version"] == 8
+
+
+def test_change_feed_needs_the_table_property(local: Store) -> None:
+    local.create("d", SCHEMA)
+    write(local, "d", rows(1))
+    local.open_table("d").alter.set_table_properties({changes.CDF_KEY: "false"})  # an old table
+    write(local, "d", rows(2))
+    with pytest.raises(InvalidRequest, match="did not record its change feed at version 2"):
+        changes.feed(local, "d", 0, change_feed=True)
+    maintenance.delete(local, "d", "id = 1")  # turns it on again first
+    assert [r[2] for r in feed_rows(local, "d", 5)] == ["delete"]
+    assert changes.feed(local, "d", 0)["versions"][3]["files"]  # the plain range is fine
+
+
+# -- through the service -----------------------------------------------------------------------
+
+
+def test_maintenance_requests_through_the_service(service: ServiceProcess) -> None:
+    c = service.client()
+    c.create("maint", SCHEMA)
+    for i in range(3):
+        c.append("maint", rows(i))
+    assert c.compact("maint")["files_removed"] == 3
+    assert c.delete("maint", "id = 1")["rows_deleted"] == 1
+    assert sorted(c.read("maint")["id"].to_pylist()) == [0, 2]
+    assert c.restore("maint", 3)["committed"]
+    assert sorted(c.read("maint")["id"].to_pylist()) == [0, 1, 2]
+    assert c.vacuum("maint", dry_run=True) == []
+    feed = c.feed("maint", starting_version=5, ending_version=5, change_feed=True)
+    (entry,) = feed["versions"]
+    schema = pa.schema([*feed["schema"], *changes.CHANGE_FIELDS])
+    got = [r for s in entry["files"] for b in c.scan(s, schema=schema) for r in b.to_pylist()]
+    assert [(r["id"], r["_change_type"], r["_commit_version"]) for r in got] == [(1, "delete", 5)]
+
+
+def test_the_commands(service: ServiceProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    from aqueduct_spark import cli
+
+    c = service.client()
+    c.create("maint_cli", SCHEMA)
+    for i in range(3):
+        c.append("maint_cli", rows(i))
+    conn = ["--url", service.url, "--fingerprint", service.fingerprint]
+    assert cli.main(["compact", "maint_cli", *conn]) == 0
+    assert cli.main(["delete", "maint_cli", "--where", "id = 0", *conn]) == 0
+    assert cli.main(["restore", "maint_cli", "--version", "3", *conn]) == 0
+    assert cli.main(["vacuum", "maint_cli", "--dry-run", *conn]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "maint_cli: version 4 rewrote 3 files into 1",
+        "maint_cli: version 5 deleted 1 rows",
+        "maint_cli: version 6 restores version 3 (3 files back, 1 removed)",
+        "would delete 0 files",
+    ]
+    assert cli.main(["delete", "maint_cli", "--where", "nope = 1", *conn]) == 1
+    assert "InvalidRequest" in capsys.readouterr().err
+
+
+def test_serve_flags_default_to_the_config() -> None:
+    from aqueduct_spark.cli.arguments import build_parser
+    from aqueduct_spark.cli.maintenance import maintenance_config
+
+    args = build_parser().parse_args(["serve"])
+    assert maintenance_config(args) == MaintenanceConfig()
+    on = build_parser().parse_args(["serve", "--maintenance", "--checkpoint-interval", "10"])
+    assert maintenance_config(on) == MaintenanceConfig(enabled=True, checkpoint_interval=10)

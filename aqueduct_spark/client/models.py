@@ -37,6 +37,10 @@ class Transaction:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     base_version: int | None
+    merge_schema: bool = False
+    """Add the data's new columns to the dataset (begin's ``merge_schema``)."""
+    replace_where: str | None = None
+    """Overwrite only the rows matching this SQL condition (begin's ``replace_where``)."""
 
 
 def to_wire_filters(filters: Any) -> list[Any] | None:

@@ -30,7 +30,12 @@ class Writes(Session):
         mode: str = "append",
         partition_by: Sequence[str] = (),
         overwrite_schema: bool = False,
+        merge_schema: bool = False,
+        replace_where: str | None = None,
     ) -> Transaction:
+        extra: dict[str, Any] = {"merge_schema": True} if merge_schema else {}
+        if replace_where is not None:
+            extra["replace_where"] = replace_where
         r = await self.call(
             "begin",
             dataset=name,
@@ -38,6 +43,7 @@ class Writes(Session):
             schema=P.schema_to_bytes(schema),
             partition_by=list(partition_by),
             overwrite_schema=overwrite_schema,
+            **extra,
         )
         return Transaction(
             name,
@@ -46,6 +52,8 @@ class Writes(Session):
             P.schema_from_bytes(r["schema"]),
             tuple(r["partition_by"]),
             r["version"],
+            merge_schema,
+            replace_where,
         )
 
     async def write_task(
@@ -125,6 +133,10 @@ class Writes(Session):
             if txn.mode != "overwrite"
             else (-1 if txn.base_version is None else txn.base_version),
         )
+        if txn.merge_schema:
+            fields["merge_schema"] = True
+        if txn.replace_where is not None:
+            fields["replace_where"] = txn.replace_where
         return dict(await self.call("commit", idempotent=app_id is not None, **fields))
 
     async def abort(self, txn: Transaction, staged: Iterable[Mapping[str, Any]] = ()) -> int:
@@ -141,9 +153,13 @@ class Writes(Session):
         partition_by: Sequence[str] = (),
         app_id: str | None = None,
         app_version: int | None = None,
+        merge_schema: bool = False,
+        replace_where: str | None = None,
     ) -> dict[str, Any]:
         """Write a table in one transaction (staged, then committed). ``data`` is a Table, a
-        RecordBatch, an iterable of batches, or a data frame (pandas, Polars: see frames)."""
+        RecordBatch, an iterable of batches, or a data frame (pandas, Polars: see frames).
+        ``merge_schema`` adds the data's new columns to the dataset; ``replace_where`` (an
+        SQL condition, mode overwrite) replaces only the rows it selects."""
         data = frames.to_arrow(data)
         if isinstance(data, pa.Table):
             schema, batches = data.schema, data.to_batches()
@@ -154,7 +170,14 @@ class Writes(Session):
             if not batches:
                 raise ValueError("no batches to write")
             schema = batches[0].schema
-        txn = await self.begin(name, schema, mode=mode, partition_by=partition_by)
+        txn = await self.begin(
+            name,
+            schema,
+            mode=mode,
+            partition_by=partition_by,
+            merge_schema=merge_schema,
+            replace_where=replace_where,
+        )
         try:
             staged = await self.write_task(txn, batches)
         except BaseException:

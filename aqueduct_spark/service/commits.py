@@ -24,6 +24,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, TableFeatures, Transaction
+from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
@@ -41,7 +42,8 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import delta_log, delta_types, staging
+from . import delta_log, delta_types, predicates, staging
+from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
 from .tables import Tables, delta_error
 
@@ -55,19 +57,49 @@ def check_mode(mode: str) -> None:
         raise InvalidRequest(f"invalid write mode {mode!r}: use one of {list(MODES)}")
 
 
+def check_options(mode: str, overwrite_schema: bool, merge_schema: bool, where: str | None) -> None:
+    """The write options that cannot go together, refused before anything is staged."""
+    check_mode(mode)
+    if overwrite_schema and merge_schema:
+        raise InvalidRequest(
+            "give overwrite_schema (replace the schema) or merge_schema (add columns), not both"
+        )
+    if where is not None and mode != "overwrite":
+        raise InvalidRequest(
+            f"replace_where (replaceWhere) overwrites the rows it selects: write with mode "
+            f"'overwrite', not {mode!r}"
+        )
+    if where is not None and overwrite_schema:
+        raise InvalidRequest(
+            "replace_where keeps the rows it does not select, so the schema cannot be "
+            "replaced with it: drop overwrite_schema (merge_schema may add columns)"
+        )
+
+
 def check_schema(
-    tables: Tables, name: str | None, schema: pa.Schema, mode: str, overwrite_schema: bool = False
+    tables: Tables,
+    name: str | None,
+    schema: pa.Schema,
+    mode: str,
+    overwrite_schema: bool = False,
+    merge_schema: bool = False,
+    replace_where: str | None = None,
 ) -> pa.Schema:
     """The schema a write of ``schema`` in ``mode`` will store its batches with.
 
     An append (or an overwrite without ``overwrite_schema``) needs the dataset's column
     names and types, equal once large/view/unsigned types are normalised (nullability may
-    differ). Creating an existing dataset is :class:`DatasetExists`. A missing dataset is
-    created by the commit with the given schema. ``name=None`` only normalises.
+    differ). With ``merge_schema`` the data may also bring new columns, which the commit adds
+    to the dataset, and lack nullable ones; the result is then the data's columns only.
+    ``replace_where`` is checked against the schema the dataset will have. Creating an
+    existing dataset is :class:`DatasetExists`. A missing dataset is created by the commit
+    with the given schema. ``name=None`` only normalises.
     """
-    check_mode(mode)
+    check_options(mode, overwrite_schema, merge_schema, replace_where)
     given = delta_types.delta_schema(schema)
     if name is None or not tables.exists(name):
+        if replace_where is not None:
+            predicates.bind(replace_where, given)
         return given
     if mode == "create":
         raise DatasetExists(
@@ -83,6 +115,13 @@ def check_schema(
                 "partitioning cannot change: keep them, or drop and recreate the dataset"
             )
         return given
+    if merge_schema:
+        write = _merge_write(name, current, given, table.metadata().partition_columns)
+        if replace_where is not None:
+            predicates.bind(replace_where, merged(current, write))
+        return write
+    if replace_where is not None:
+        predicates.bind(replace_where, current)
     diffs = delta_types.schema_differences(current, given)
     if diffs:
         fix = "or overwrite with overwrite_schema=True" if mode == "overwrite" else ""
@@ -91,6 +130,62 @@ def check_schema(
             f"Cast or rename the columns to match the dataset (see describe) {fix}".rstrip()
         )
     return current
+
+
+def _merge_write(
+    name: str, current: pa.Schema, given: pa.Schema, partition_by: Sequence[str]
+) -> pa.Schema:
+    """The schema a merge_schema write stages with: the data's columns, the dataset's first
+    (in its order and types), then the new ones. SchemaMismatch for a type that differs, a
+    missing partition column, or a missing column that is NOT NULL."""
+    problems = [
+        f"{f.name}: dataset type {current.field(f.name).type} vs given type {f.type}"
+        for f in given
+        if f.name in current.names and not delta_types.same_type(current.field(f.name).type, f.type)
+    ]
+    problems += [
+        f"{f.name}: {'a partition column' if f.name in partition_by else 'NOT NULL'} in the "
+        "dataset, missing from the data"
+        for f in current
+        if f.name not in given.names and (f.name in partition_by or not f.nullable)
+    ]
+    if problems:
+        raise SchemaMismatch(
+            f"the data cannot be merged into the schema of dataset {name!r}: "
+            f"{'; '.join(problems)}. merge_schema adds columns; it does not change types"
+        )
+    kept = [current.field(f.name) for f in current if f.name in given.names]
+    return pa.schema(kept + [f for f in given if f.name not in current.names])
+
+
+def merged(current: pa.Schema, write: pa.Schema) -> pa.Schema:
+    """The dataset's schema after a merge_schema write: new columns at the end, nullable
+    (the rows already there have none)."""
+    return pa.schema(
+        list(current) + [f.with_nullable(True) for f in write if f.name not in current.names]
+    )
+
+
+def _add_columns(tables: Tables, name: str, table: DeltaTable, write: pa.Schema) -> DeltaTable:
+    """Add the columns a merge_schema write brings, in a commit of their own just before
+    the data's (deltalake commits staged files with a new schema only in overwrite mode).
+    A concurrent writer may add them first: then they must have the same types."""
+    current = pa.schema(table.schema().to_arrow())
+    new = merged(current, write)
+    if new.names == current.names:
+        return table
+    fields = [DeltaField.from_arrow(f) for f in new if f.name not in current.names]
+    try:
+        table.alter.add_columns(fields)
+    except DeltaError as exc:
+        reloaded = tables.open_table(name)
+        check = pa.schema(reloaded.schema().to_arrow())
+        if any(
+            f.name not in check.names or not delta_types.same_type(check.field(f.name).type, f.type)
+            for f in new
+        ):
+            raise delta_error(name, exc) from exc
+    return tables.open_table(name)
 
 
 def commit(
@@ -104,6 +199,8 @@ def commit(
     app_version: int | None = None,
     overwrite_schema: bool = False,
     replaces: int | None = None,
+    merge_schema: bool = False,
+    replace_where: str | None = None,
 ) -> CommitResult:
     """Make all ``staged`` files visible in one atomic Delta commit.
 
@@ -117,14 +214,16 @@ def commit(
     as if it came after the overwrite. If a concurrent commit removed some of that data
     (another overwrite), or an append meanwhile has the schema the overwrite replaces, the
     overwrite is :class:`Conflict`. Without ``replaces`` an overwrite replaces whatever the
-    latest version holds when it commits. Every staged
+    latest version holds when it commits. With ``replace_where`` an overwrite replaces only
+    the rows matching it, in the same commit (:mod:`.replace_where`); with ``merge_schema``
+    the data's new columns are added to the dataset first (:func:`check_schema`). Every staged
     file must exist in this table, carry our name, and match the schema; its statistics are
     recomputed from its footer. With ``app_id``/``app_version`` the commit records a Delta
     app transaction; a commit whose ``app_version`` is not above the last one recorded for
     ``app_id`` is a no-op (``committed=False``; remove its files with ``Store.abort_txn``).
     """
     tables.validate_name(name)
-    check_mode(mode)
+    check_options(mode, overwrite_schema, merge_schema, replace_where)
     if (app_id is None) != (app_version is None):
         raise InvalidRequest("app_id and app_version go together: give both or neither")
     if app_id is not None and (not isinstance(app_id, str) or not app_id):
@@ -143,6 +242,8 @@ def commit(
         if not tables.exists(name):
             parts = staging.check_partition_by(given, partition_by)
             adds = staging.verify_staged(name, fs, files, given, parts, set())
+            if replace_where is not None:
+                replace_where_mod.check_written(name, fs, adds, given, parts, replace_where)
             meta = commit_meta(mode, adds, commit_id)
             try:
                 create_table_with_add_actions(
@@ -180,8 +281,13 @@ def commit(
                 f"{list(partition_by)}; partitioning cannot change: write with "
                 f"partition_by={list(table_parts)}, or drop and recreate the dataset"
             )
-        write_schema = check_schema(tables, name, given, mode, overwrite_schema)
-        if delta_types.needs_timestamp_ntz(write_schema) and "timestampNtz" not in (
+        write_schema = check_schema(
+            tables, name, given, mode, overwrite_schema, merge_schema, replace_where
+        )
+        if merge_schema:
+            table = _add_columns(tables, name, table, write_schema)
+        table_schema = pa.schema(table.schema().to_arrow()) if merge_schema else write_schema
+        if delta_types.needs_timestamp_ntz(table_schema) and "timestampNtz" not in (
             table.protocol().reader_features or []
         ):
             # deltalake would commit the new schema without the feature: an unreadable table
@@ -195,8 +301,21 @@ def commit(
         before = table.version()
         actions: list[AddAction | RemoveAction] = [*adds]
         delta_mode = mode
-        if mode == "overwrite" and replaces is not None:
-            removes = _replaced(tables, name, table, replaces, active, write_schema)
+        rewrites: list[AddAction] = []
+        if replace_where is not None:
+            replace_where_mod.check_written(
+                name, fs, adds, table_schema, table_parts, replace_where
+            )
+            began = _began(tables, name, table, replaces)
+            txn = next((t for t in meta["txns"]), None) or uuid.uuid4().hex
+            change = replace_where_mod.replacement(
+                name, fs, began, active, table_schema, table_parts, replace_where, txn
+            )
+            rewrites = change.rewrites
+            actions += [*rewrites, *change.removes]
+            delta_mode = "append"
+        elif mode == "overwrite" and replaces is not None:
+            removes = _replaced(tables, name, table, replaces, active, table_schema)
             if removes is not None:
                 # the data it began with, not what appends added meanwhile
                 actions += removes
@@ -205,7 +324,7 @@ def commit(
             table.create_write_transaction(
                 actions,
                 mode=delta_mode,
-                schema=DeltaSchema.from_arrow(write_schema),
+                schema=DeltaSchema.from_arrow(table_schema),
                 partition_by=list(table_parts),
                 commit_properties=CommitProperties(
                     custom_metadata={METADATA_KEY: meta}, app_transactions=txns
@@ -213,6 +332,7 @@ def commit(
                 post_commithook_properties=tables.commit_hooks,
             )
         except CommitFailedError as exc:
+            replace_where_mod.discard(fs, rewrites)
             failure = exc
             if delta_mode == "append":
                 # A blind append rebases onto anything; an overwrite that names its
@@ -223,6 +343,7 @@ def commit(
                 return done
             break
         except DeltaError as exc:
+            replace_where_mod.discard(fs, rewrites)
             raise delta_error(name, exc) from exc
         version = _find_commit(tables, name, before, commit_id)
         return CommitResult(version, meta["rows"], meta["bytes"], meta["files"], True)
@@ -230,6 +351,34 @@ def commit(
         f"the {mode} of dataset {name!r} conflicted with concurrent commits ({failure}); "
         "its staged files are kept: retry the commit"
     ) from failure
+
+
+def _began(tables: Tables, name: str, table: DeltaTable, replaces: int | None) -> DeltaTable | None:
+    """The version an overwrite began at (None: the dataset did not exist then)."""
+    if replaces is None:
+        return table
+    if require_int(replaces, "replaces") < -1:
+        raise InvalidRequest(f"replaces must be a version or -1, got {replaces}")
+    if replaces > table.version():
+        raise InvalidRequest(
+            f"an overwrite of dataset {name!r} cannot begin at version {replaces}: the "
+            f"latest is {table.version()}"
+        )
+    if replaces == -1:
+        return None
+    try:
+        began = tables.open_table(name, replaces)
+    except VersionNotFound as exc:
+        raise Conflict(
+            f"the overwrite of dataset {name!r} began at version {replaces}, which is no "
+            "longer in its log; retry the overwrite"
+        ) from exc
+    if str(began.metadata().id) != str(table.metadata().id):
+        raise Conflict(
+            f"dataset {name!r} was dropped and created again while the overwrite ran; "
+            "retry the overwrite"
+        )
+    return began
 
 
 def _replaced(
@@ -243,27 +392,9 @@ def _replaced(
     """The removes of an overwrite that began at version ``replaces`` (WriteSerializable);
     None when it must replace everything there is (a new schema, nothing committed since).
     """
-    if require_int(replaces, "replaces") < -1:
-        raise InvalidRequest(f"replaces must be a version or -1, got {replaces}")
-    if replaces > table.version():
-        raise InvalidRequest(
-            f"an overwrite of dataset {name!r} cannot begin at version {replaces}: the "
-            f"latest is {table.version()}"
-        )
     base: dict[str, int] = {}
-    if replaces >= 0:
-        try:
-            began = tables.open_table(name, replaces)
-        except VersionNotFound as exc:
-            raise Conflict(
-                f"the overwrite of dataset {name!r} began at version {replaces}, which is "
-                "no longer in its log; retry the overwrite"
-            ) from exc
-        if str(began.metadata().id) != str(table.metadata().id):
-            raise Conflict(
-                f"dataset {name!r} was dropped and created again while the overwrite ran; "
-                "retry the overwrite"
-            )
+    began = _began(tables, name, table, replaces)
+    if began is not None:
         adds = pa.table(began.get_add_actions(flatten=True))
         base = {
             unquote(p): int(n)

@@ -126,7 +126,12 @@ class Operations:
             raise P.InvalidRequest(f"mode must be append, overwrite or create, not {mode!r}")
         schema = P.schema_from_bytes(field(req, "schema", bytes))
         target = self.store.check_schema(
-            name, schema, mode, overwrite_schema=bool(req.get("overwrite_schema", False))
+            name,
+            schema,
+            mode,
+            overwrite_schema=bool(req.get("overwrite_schema", False)),
+            merge_schema=bool(req.get("merge_schema", False)),
+            replace_where=field(req, "replace_where", str, None),
         )
         version = self.store.latest_version(name) if self.store.exists(name) else None
         return {
@@ -153,6 +158,8 @@ class Operations:
             app_version=field(req, "app_version", int, None),
             overwrite_schema=bool(req.get("overwrite_schema", False)),
             replaces=field(req, "replaces", int, None),
+            merge_schema=bool(req.get("merge_schema", False)),
+            replace_where=field(req, "replace_where", str, None),
         )
         return result.to_wire()
 

@@ -1,0 +1,146 @@
+"""replace_where and merge_schema through the real service (issue 20, item 6): option ->
+protocol -> one Delta commit, with the isolation of a whole overwrite."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from aqueduct_spark.protocol import Conflict, InvalidRequest, SchemaMismatch
+from aqueduct_spark.testing import ServiceProcess
+
+pytestmark = pytest.mark.quic
+
+
+def _name() -> str:
+    return f"w{uuid.uuid4().hex[:10]}"
+
+
+def _rows(client: object, name: str) -> list[dict[str, object]]:
+    table = client.read(name)  # type: ignore[attr-defined]
+    return sorted(table.to_pylist(), key=lambda r: (str(r.get("day")), r["id"]))
+
+
+DAYS = [dt.date(2026, 1, 1), dt.date(2026, 1, 2)]
+
+
+def test_replace_where_replaces_one_partition_in_one_commit(service: ServiceProcess) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write("x" + name, pa.table({"id": [0]}))  # another dataset: versions are per dataset
+        c.write(
+            name,
+            pa.table({"id": [1, 2, 3], "day": [DAYS[0], DAYS[1], DAYS[1]]}),
+            partition_by=["day"],
+        )
+        result = c.overwrite(
+            name, pa.table({"id": [9], "day": [DAYS[1]]}), replace_where="day = '2026-01-02'"
+        )
+        assert result["version"] == 1  # the removes and the new data: one version
+        assert _rows(c, name) == [{"id": 1, "day": DAYS[0]}, {"id": 9, "day": DAYS[1]}]
+        assert c.read(name, version=0).num_rows == 3  # time travel still sees the old rows
+    # a plain Delta table: deltalake reads the same
+    table = DeltaTable(str(Path(service.root) / name)).to_pyarrow_table()
+    assert sorted(table.column("id").to_pylist()) == [1, 9]
+
+
+def test_replace_where_keeps_the_other_rows_of_a_file_it_rewrites(service: ServiceProcess) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2, 3, 4], "kind": ["a", "b", None, "b"]}))
+        c.overwrite(
+            name, pa.table({"id": [5], "kind": ["b"]}), replace_where="kind = 'b' OR id > 100"
+        )
+        got = sorted(c.read(name).to_pylist(), key=lambda r: r["id"])
+        assert got == [
+            {"id": 1, "kind": "a"},
+            {"id": 3, "kind": None},  # NULL does not match: kept, as in SQL
+            {"id": 5, "kind": "b"},
+        ]
+        assert c.describe(name).version == 1
+
+
+def test_replace_where_refuses_rows_outside_its_condition(service: ServiceProcess) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2]}))
+        with pytest.raises(InvalidRequest, match=r"1 of the rows .* do not match replaceWhere"):
+            c.overwrite(name, pa.table({"id": [2, 7]}), replace_where="id >= 2 AND id < 5")
+        assert c.describe(name).version == 0 and c.describe(name).rows == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "where", "message"),
+    [
+        ("append", "id = 1", r"write with mode 'overwrite', not 'append'"),
+        ("overwrite", "id = ", r"replaceWhere 'id = ': expected a value"),
+        ("overwrite", "nope = 1", r"names column 'nope', which is not in the dataset"),
+        ("overwrite", "id = 'x'", r"'x' is not a value of type int64"),
+    ],
+)
+def test_a_bad_replace_where_fails_at_begin(
+    service: ServiceProcess, mode: str, where: str, message: str
+) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1]}))
+        with pytest.raises(InvalidRequest, match=message):
+            c.begin(name, pa.schema([("id", pa.int64())]), mode=mode, replace_where=where)
+
+
+def test_replace_where_keeps_an_append_committed_while_it_ran(service: ServiceProcess) -> None:
+    """The isolation of a whole overwrite: rows appended after it began stay, even matching."""
+    name = _name()
+    schema = pa.schema([("id", pa.int64())])
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2]}, schema=schema))
+        txn = c.begin(name, schema, mode="overwrite", replace_where="id >= 2")
+        staged = c.write_task(txn, [pa.record_batch({"id": [20]}, schema=schema)])
+        c.append(name, pa.table({"id": [3]}, schema=schema))
+        c.commit(txn, [staged])
+        assert sorted(c.read(name).column("id").to_pylist()) == [1, 3, 20]
+
+
+def test_replace_where_conflicts_with_an_overwrite_that_won(service: ServiceProcess) -> None:
+    name = _name()
+    schema = pa.schema([("id", pa.int64())])
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2]}, schema=schema))
+        txn = c.begin(name, schema, mode="overwrite", replace_where="id >= 2")
+        staged = c.write_task(txn, [pa.record_batch({"id": [20]}, schema=schema)])
+        c.overwrite(name, pa.table({"id": [7]}, schema=schema))
+        with pytest.raises(Conflict, match="another overwrite won"):
+            c.commit(txn, [staged])
+        assert c.read(name).column("id").to_pylist() == [7]
+
+
+def test_merge_schema_adds_a_column_on_append(service: ServiceProcess) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1], "name": ["a"]}))
+        with pytest.raises(SchemaMismatch, match="score: not in the dataset"):
+            c.append(name, pa.table({"id": [2], "score": [0.5]}))
+        c.append(name, pa.table({"score": [0.5], "id": [2]}), merge_schema=True)
+        assert c.describe(name).schema.names == ["id", "name", "score"]
+        assert sorted(c.read(name).to_pylist(), key=lambda r: r["id"]) == [
+            {"id": 1, "name": "a", "score": None},
+            {"id": 2, "name": None, "score": 0.5},
+        ]
+        with pytest.raises(SchemaMismatch, match="it does not change types"):
+            c.append(name, pa.table({"id": ["three"]}), merge_schema=True)
+
+
+def test_merge_schema_with_replace_where(service: ServiceProcess) -> None:
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2]}))
+        c.overwrite(
+            name, pa.table({"id": [2], "note": ["new"]}), merge_schema=True, replace_where="id = 2"
+        )
+        got = sorted(c.read(name).to_pylist(), key=lambda r: r["id"])
+        assert got == [{"id": 1, "note": None}, {"id": 2, "note": "new"}]

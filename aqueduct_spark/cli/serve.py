@@ -58,6 +58,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (args.cert is None) != (args.key is None):
         raise ValueError("give both --cert and --key, or neither (for a development certificate)")
     root = args.root
+    options = dict(kv.split("=", 1) for kv in args.storage_option)
+    from aqueduct_spark.service import startup
+
+    startup.check_root(root, options or None)  # one clear line for a root it cannot use
     local = "://" not in root or root.startswith("file://")
     if args.cert:
         tls = ServerTLS(args.cert, args.key)
@@ -73,7 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = args.port
     if args.workers > 1 and port == 0:
         port = _free_udp_port(args.host)
-    options = dict(kv.split("=", 1) for kv in args.storage_option)
+    # a port another service has is refused, even by --workers' SO_REUSEPORT; held till exit
+    if port:
+        startup.claim_port(args.host, port, _transports(args.transport))
     spec = {
         "root": root,
         "host": args.host,
@@ -216,6 +222,10 @@ async def _serve_forever(
         loop.add_signal_handler(sig, stopped.set)
     await stopped.wait()
     await server.close()
+
+
+def _transports(choice: str) -> tuple[str, ...]:
+    return ("quic", "tcp") if choice == "auto" else (choice,)
 
 
 def _free_udp_port(host: str) -> int:

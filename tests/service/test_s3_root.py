@@ -1,0 +1,122 @@
+"""The service over an ``s3://`` root on a real S3-compatible store (SeaweedFS), and the
+checks ``aqueduct serve`` makes before it starts: a root it cannot use, a port another
+service has."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from aqueduct_spark.testing import (
+    READER_KEY,
+    SeaweedS3,
+    ServiceProcess,
+    s3_storage_options,
+    start_service,
+)
+
+pytestmark = pytest.mark.quic
+
+
+def serve_fails(*args: str, timeout: float = 60) -> tuple[int, str]:
+    """Run ``aqueduct serve`` expecting it to refuse to start: (exit code, stderr)."""
+    cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stderr
+
+
+def option_args(options: dict[str, str]) -> list[str]:
+    return [a for k, v in options.items() for a in ("--storage-option", f"{k}={v}")]
+
+
+@pytest.fixture
+def s3_service(seaweed: SeaweedS3) -> Iterator[ServiceProcess]:
+    root = f"s3://{seaweed.bucket}/{uuid.uuid4().hex[:8]}"
+    svc = start_service(root, args=seaweed.serve_args())
+    yield svc
+    svc.stop()
+
+
+def test_a_service_over_an_s3_root_writes_and_reads(s3_service: ServiceProcess) -> None:
+    c = s3_service.client()
+    c.create("events", pa.schema([("id", pa.int64())]))
+    c.append("events", pa.table({"id": pa.array(range(100), pa.int64())}))
+    c.append("events", pa.table({"id": pa.array(range(100, 150), pa.int64())}))
+    assert sorted(c.read("events").column("id").to_pylist()) == list(range(150))
+    assert c.describe("events").version == 2
+    assert [d.name for d in c.list()] == ["events"]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no bucket", "the bucket does not exist"),
+        ("wrong secret", "the store refused the secret key"),
+        ("unknown key", "the store does not know the access key"),
+        ("read-only", "may not write"),
+        ("no endpoint", "nothing answers at the store's endpoint"),
+    ],
+)
+def test_serve_refuses_an_s3_root_it_cannot_use(
+    seaweed: SeaweedS3, case: str, expected: str
+) -> None:
+    root, options = seaweed.root, seaweed.storage_options
+    if case == "no bucket":
+        root = "s3://no-such-bucket/aqueduct"
+    elif case == "wrong secret":
+        options = s3_storage_options(seaweed.endpoint, seaweed.access_key, "wrong")
+    elif case == "unknown key":
+        options = s3_storage_options(seaweed.endpoint, "nobody", seaweed.secret_key)
+    elif case == "read-only":
+        options = s3_storage_options(seaweed.endpoint, READER_KEY, seaweed.secret_key)
+    elif case == "no endpoint":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            unused = s.getsockname()[1]
+        options = s3_storage_options(f"http://127.0.0.1:{unused}", "k", "s")
+    code, err = serve_fails("--root", root, "--port", "0", *option_args(options))
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and expected in lines[0] and root in lines[0], err
+
+
+def test_serve_refuses_a_local_root_it_cannot_write(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, err = serve_fails("--root", str(blocker / "root"), "--port", "0")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "cannot write to the root" in err and "--root" in err
+
+
+def test_a_second_service_never_joins_a_used_port(tmp_path: Path) -> None:
+    first = start_service(tmp_path / "one", workers=2)
+    try:
+        port = first.port
+        # the same flags would set SO_REUSEPORT too, and the kernel would let it join
+        code, err = serve_fails(
+            "--root", str(tmp_path / "two"), "--port", str(port), "--workers", "2"
+        )
+        assert code == 2, err
+        assert f"port {port}" in err and len(err.strip().splitlines()) == 1, err
+        c = first.client()
+        c.create("still-mine", pa.schema([("id", pa.int64())]))  # the first one serves on
+    finally:
+        first.stop()
+
+
+def test_a_port_held_by_another_program_is_refused(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # would let us join
+        other.bind(("127.0.0.1", 0))
+        port = other.getsockname()[1]
+        code, err = serve_fails("--root", str(tmp_path), "--port", str(port), "--workers", "2")
+    assert code == 2 and f"port {port} (UDP)" in err and "in use" in err, err
+    assert not os.path.exists(tmp_path / "_delta_log")

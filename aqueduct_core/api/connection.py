@@ -30,6 +30,7 @@ from aqueduct_core.engine import (
     ChannelTerminated,
     Command,
     ConnectionTerminated,
+    FlowStalls,
     HeadersReceived,
     MessageArrived,
     NewChannel,
@@ -92,6 +93,9 @@ class Connection:
         self.on_ready: Callable[[Connection], None] | None = None
         self.transport = "quic"
         """What carries this connection: ``quic``, ``tcp`` or ``memory``."""
+        self.peer: tuple[Any, ...] | None = None
+        """The peer's address as the transport saw it first (host, port, ...); None when
+        the transport has none (the in-memory pair)."""
 
     # -- public ------------------------------------------------------------------------
 
@@ -135,6 +139,10 @@ class Connection:
     def memory(self) -> MemoryReport:
         """Bytes buffered by this connection, per channel and in total."""
         return self._engine.memory()
+
+    def flow_stalls(self) -> FlowStalls:
+        """How often this side's senders waited for the peer's credit or for the transport."""
+        return self._engine.flow_stalls()
 
     async def close(self, code: int = 0, reason: str = "") -> None:
         """Close the connection (code 0: no error). Every live handle sees ConnectionLost."""

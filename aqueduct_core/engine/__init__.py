@@ -151,6 +151,7 @@ from aqueduct_core.engine.events import (
     Terminal,
     WriteStream,
 )
+from aqueduct_core.engine.output import FlowStalls
 from aqueduct_core.engine.sender import Mode, QueuePolicy
 
 __all__ = [
@@ -161,6 +162,7 @@ __all__ = [
     "ConnectionTerminated",
     "EngineConfig",
     "Event",
+    "FlowStalls",
     "HeadersReceived",
     "MemoryReport",
     "MessageArrived",

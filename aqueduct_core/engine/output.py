@@ -14,6 +14,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from aqueduct_core.engine.config import EngineConfig
 from aqueduct_core.engine.events import (
@@ -30,6 +31,19 @@ from aqueduct_core.engine.sender import SenderSM
 from aqueduct_core.errors import RemoteProtocolError
 from aqueduct_core.wire.chanid import Side
 from aqueduct_core.wire.frames import Payload, RouteTo, Version, encode_frame
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStalls:
+    """How often this side's senders had to wait, counted once per wait (not per retry), so
+    an operator can tell a slow peer from a slow network."""
+
+    credit: int = 0
+    """A sender's next message waited for the peer's flow-control credit (§3.4): the peer
+    reads more slowly than we send."""
+    transport: int = 0
+    """A sender paused because the transport held more unsent bytes than its budget
+    (``set_transport_backlog``): the network, or the peer's QUIC windows, hold us back."""
 
 
 class Output:
@@ -54,6 +68,8 @@ class Output:
         self.tx_backlog = 0
         self.tx_budget: int | None = None
         self._blocked: dict[int, SenderSM] = {}
+        self._credit_stalls = 0
+        self._transport_stalls = 0
         self._version_bytes = encode_frame(Version(config.version))
         self._route_cache: dict[int, bytes] = {}
 
@@ -86,7 +102,16 @@ class Output:
         return self.tx_budget is None or self.tx_backlog < self.tx_budget
 
     def block_sender(self, sm: SenderSM) -> None:
+        if sm.chanid not in self._blocked:
+            self._transport_stalls += 1
         self._blocked[sm.chanid] = sm
+
+    def credit_stalled(self) -> None:
+        self._credit_stalls += 1
+
+    def flow_stalls(self) -> FlowStalls:
+        """How often this side's senders waited so far (they count on after the end too)."""
+        return FlowStalls(self._credit_stalls, self._transport_stalls)
 
     def open_stream(self) -> int:
         sid = self._next_stream

@@ -95,6 +95,7 @@ class SenderHost(Protocol):
     def max_datagram(self) -> int: ...
     def transport_ready(self) -> bool: ...
     def block_sender(self, sm: SenderSM) -> None: ...
+    def credit_stalled(self) -> None: ...
     def sender_ready(self, chanid: int) -> None: ...
     def seq_prefix(self, chanid: int) -> bytes: ...
     def route_sent(self, chanid: int) -> None: ...
@@ -132,7 +133,8 @@ class SenderSM:
         self.msg_streams: dict[int, int] = {}
         """Reliable message number -> its own stream, until acked (reset on cancel)."""
         self.outstanding = 0
-        self.blocked = False
+        self.stalled = False
+        """A message waits for the peer's credit (counted once per wait, :class:`~.output.FlowStalls`)."""
 
     # -- application side ---------------------------------------------------------------
 
@@ -201,8 +203,13 @@ class SenderSM:
                 head = message_parts(Message(num, out.headers, out.attachments, out.payload))
             cost = cost_of(len(head) + len(out.payload), len(out.attachments))
             if window is not None and self.outstanding and self.outstanding + cost > window:
-                break  # the progress rule: a message may always go when nothing is outstanding
+                # the progress rule: a message may always go when nothing is outstanding
+                if not self.stalled:
+                    self.stalled = True
+                    conn.credit_stalled()
+                break
             queue.popleft()
+            self.stalled = False
             if window is not None:
                 self.outstanding += cost
             conn.lineage.numbered(self.chanid, (unreliable, num), out.children)

@@ -409,6 +409,7 @@ def _build(backend: Backend) -> type:
 
         def _size_for_path(self, addr: Any) -> None:
             self._sized = True
+            self.conn.peer = tuple(addr) if addr else None  # once: the first address seen
             ip = peer_ip(addr)
             if self.config.packet_size is not None or ip is None or is_loopback(ip):
                 return  # the operator's size, or loopback's largest, stands

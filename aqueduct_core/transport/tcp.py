@@ -147,6 +147,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         self._transport = transport
         self.peer = transport.get_extra_info("peername")
+        self.conn.peer = tuple(self.peer) if self.peer else None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -78,17 +78,24 @@ def start_service(
     workers: int = 1,
     backend: str = "auto",
     args: Sequence[str] = (),
+    log: Path | None = None,
 ) -> ServiceProcess:
     """Run ``aqueduct serve`` on loopback and wait for its ready line. ``root`` is a
     directory or a URI (``SeaweedS3.root``, with ``args=store.serve_args()``); ``args`` are
-    more ``serve`` flags (``["--max-scans", "2"]``)."""
+    more ``serve`` flags (``["--max-scans", "2"]``); ``log`` is a file for its log (stderr),
+    which is otherwise this process's stderr."""
     cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
     cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend, *args]
     if token:
         cmd += ["--token", token]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "AQUEDUCT_TOKEN": ""}
-    )
+    with open(log or os.devnull, "w") as stderr:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=stderr if log else None,
+            text=True,
+            env={**os.environ, "AQUEDUCT_TOKEN": ""},
+        )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

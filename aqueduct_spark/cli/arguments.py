@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="service processes sharing the port (default %(default)s)",
     )
+    _observability_options(s)
     _storage_options(s)
     _backend_option(s)
     s.add_argument(
@@ -252,6 +253,37 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(exp)
     maintenance.add_parsers(sub, _client_options)
     return parser
+
+
+def _observability_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("logs and metrics (docs/operations.md#observability)")
+    g.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=None,
+        help="least severe log records shown (default info; debug with -v)",
+    )
+    g.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text: 'time LEVEL logger: message key=value ...'; json: one object per line "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /health over HTTP on this TCP port (0: any "
+        "free one; default: off). With --workers N, worker i uses PORT+i",
+    )
+    g.add_argument(
+        "--metrics-host",
+        default=None,
+        metavar="HOST",
+        help="address of the metrics port (default: --host)",
+    )
 
 
 def _positive(text: str) -> int:

@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import logging
 import multiprocessing
 import signal
 import socket
@@ -102,6 +101,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         },
         "reuse_port": args.workers > 1,
         "maintenance": maintenance_config(args),
+        "log": _log_settings(args),
+        "metrics": _metrics_settings(args),
     }
     fingerprint = format_fingerprint(file_fingerprint(tls.certfile))
     banner = {
@@ -112,11 +113,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "root": root,
     }
     if args.workers <= 1:
+        _configure_logging(spec["log"])
         _run(_serve_forever(spec, banner))
         return 0
     ctx = multiprocessing.get_context("spawn")  # deltalake must not be used across fork
     ready = [ctx.Event() for _ in range(args.workers)]
-    procs = [ctx.Process(target=_worker, args=(spec, ev), daemon=True) for ev in ready]
+    specs = _worker_specs(spec, args.workers)
+    procs = [
+        ctx.Process(target=_worker, args=(s, ev), daemon=True)
+        for s, ev in zip(specs, ready, strict=True)
+    ]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + 60
@@ -166,11 +172,46 @@ def _print_banner(banner: dict[str, Any]) -> None:
 
 
 def _worker(spec: dict[str, Any], ready: Any) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("quic").setLevel(logging.WARNING)
+    _configure_logging(spec["log"])
     _run(_serve_forever(spec, None, ready))
+
+
+def _log_settings(args: argparse.Namespace) -> dict[str, str]:
+    level = args.log_level or ("debug" if args.verbose else "info")
+    return {"level": level, "format": args.log_format}
+
+
+def _configure_logging(settings: dict[str, str]) -> None:
+    from aqueduct_spark.service.observability import configure_logging
+
+    configure_logging(settings["level"], settings["format"])
+
+
+def _metrics_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where the HTTP port for ``/metrics`` and ``/health`` listens; None: nowhere."""
+    if args.metrics_port is None:
+        if args.metrics_host is not None:
+            raise ValueError("--metrics-host needs --metrics-port (the HTTP port to listen on)")
+        return None
+    if not 0 <= args.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port must be 0-65535, got {args.metrics_port}")
+    return {"host": args.metrics_host or args.host, "port": args.metrics_port, "worker": None}
+
+
+def _worker_specs(spec: dict[str, Any], workers: int) -> list[dict[str, Any]]:
+    """One spec per worker: each worker has its own metrics port, --metrics-port + its
+    number (0, 1, ...), or a free port each with --metrics-port 0."""
+    metrics = spec["metrics"]
+    if metrics is None:
+        return [spec] * workers
+    first = metrics["port"]
+    if first and first + workers - 1 > 65535:
+        raise ValueError(f"--metrics-port {first} leaves no room for {workers} workers' ports")
+    out = []
+    for i in range(workers):
+        port = first + i if first else _free_tcp_port(metrics["host"])
+        out.append({**spec, "metrics": {**metrics, "port": port, "worker": i}})
+    return out
 
 
 def _run(main: Any) -> None:
@@ -203,7 +244,7 @@ async def _serve_forever(
         transport=spec["transport"],
         engine=EngineConfig(**spec["engine"]),
     )
-    _, server = await start(
+    service, server = await start(
         config,
         spec["host"],
         spec["port"],
@@ -211,6 +252,9 @@ async def _serve_forever(
         transport=transport,
         reuse_port=spec["reuse_port"],
     )
+    http = None
+    if spec["metrics"] is not None:
+        http = await _start_metrics(service, server, spec["metrics"])
     if banner is not None:
         banner = {**banner, "url": service_url(spec["host"], server.port)}
         _print_banner(banner)
@@ -221,11 +265,34 @@ async def _serve_forever(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopped.set)
     await stopped.wait()
+    if http is not None:
+        await http.close()
     await server.close()
 
 
 def _transports(choice: str) -> tuple[str, ...]:
     return ("quic", "tcp") if choice == "auto" else (choice,)
+
+
+async def _start_metrics(service: Any, server: Any, metrics: dict[str, Any]) -> Any:
+    from aqueduct_spark.service.health import http_url, start_http
+
+    extra = {} if metrics["worker"] is None else {"worker": metrics["worker"]}
+    try:
+        return await start_http(service.observer, metrics["host"], metrics["port"], extra)
+    except OSError as exc:
+        await server.close()
+        where = http_url(metrics["host"], metrics["port"])
+        raise AqueductServeError(
+            f"cannot listen for metrics on {where}: {exc.strerror or exc}; choose another "
+            "--metrics-port (0: any free port) or --metrics-host"
+        ) from None
+
+
+def _free_tcp_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _free_udp_port(host: str) -> int:

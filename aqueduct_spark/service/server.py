@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
+from functools import partial
 from typing import Any
 
 import cbor2
@@ -35,6 +36,7 @@ from aqueduct_spark import protocol as P
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
+from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
 
@@ -181,6 +183,8 @@ class DatasetService:
         self._poller: asyncio.Task[None] | None = None
         self._pool = FairPool(config.threads)
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
+        self.observer = Observer({*self._ops, "scan", "write", "subscribe"})
+        """Access lines and metrics (``observability``; served by ``health.start_http``)."""
 
     # -- connection handling ----------------------------------------------------------
 
@@ -192,7 +196,7 @@ class DatasetService:
         return {"cbor": _RequestCodec((Handle,)), "raw": RawCodec()}
 
     async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
-        log.info("a client connected over %s", conn.transport)
+        self.observer.connection_opened(conn)
         token = self.config.token
         authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
         session = Session(self.config.max_requests, self.config.max_scans)
@@ -214,6 +218,7 @@ class DatasetService:
             self._pool.forget(session)
             await session.cancel()
             await asyncio.gather(reading, return_exceptions=True)
+            self.observer.connection_closed(conn)
 
     async def _read_requests(
         self, entry: Receiver[Any], session: Session, authed: bool, conn: Connection
@@ -230,7 +235,8 @@ class DatasetService:
                 session.slots.release()
                 log.warning("dropped a request that did not decode: %s", exc)
                 continue
-            session.start(self._request(request, authed, session, conn))
+            serve = partial(self._request, request, authed, session, conn)
+            session.start(self.observer.observe(request, conn, serve))
 
     async def _request(
         self, req: Any, authed: bool, session: Session, conn: Connection | None = None
@@ -265,6 +271,7 @@ class DatasetService:
                 result = await self._pool.run(session, self._ops[op], req)
                 self._reply(req, P.ok(result))
                 if op in COMMITTING and result.get("committed"):
+                    committed()
                     self._notify(req["dataset"], result["version"])
                     self.maintenance.after_commit(req["dataset"], result["version"])
             else:
@@ -281,6 +288,7 @@ class DatasetService:
                 target.send(reply)
 
     async def _fail(self, req: Any, error: P.DatasetError) -> None:
+        failed(error)  # the outcome of the access line
         if isinstance(req, dict) and isinstance(req.get("out"), Sender):
             out: Sender = req["out"]
             # The error travels as the channel's last message, then the channel is finished.
@@ -391,6 +399,7 @@ class DatasetService:
                 break
             payload, rows = item
             await out.send(payload, headers=[P.batch_header(rows, seq)])
+            note(rows=rows, nbytes=len(payload), direction="out")
             seq += 1
         out.finish()
 
@@ -424,6 +433,7 @@ class DatasetService:
                     )
                 batch = P.batch_from_payload(delivery.value, schema)
                 rows += batch.num_rows
+                note(rows=batch.num_rows, nbytes=len(delivery.value), direction="in")
                 await self._pool.run(session, writer.write, batch)
             staged = await self._pool.run(session, writer.close)
         except BaseException:

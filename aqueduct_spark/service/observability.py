@@ -1,0 +1,356 @@
+"""What the service tells its operator: structured logs, one access line per request, and
+Prometheus metrics (served with a health check by :mod:`.health`).
+
+Logs go through the standard library's :mod:`logging`, with one of two formatters
+(:func:`configure_logging`): ``text``, the usual ``time LEVEL logger: message`` followed by
+``key=value`` fields, or ``json``, one object per line. Fields travel in a record's
+``fields`` attribute (``log.info("request", extra={"fields": {...}})``), so every library
+that logs through :mod:`logging` shows up in the same stream and format.
+
+The access line is logged by :meth:`Observer.observe`, which wraps each request's task: the
+request's counts live in a context variable of that task, so the code serving a request adds
+to them with :func:`note` without passing anything around. Connection tokens are never
+looked at here, so they cannot reach a log line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from aqueduct_core.api import Connection
+from aqueduct_spark import protocol as P
+
+ACCESS = logging.getLogger("aqueduct.access")
+log = logging.getLogger("aqueduct.service")
+
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOUD_OUTCOMES = frozenset({"internal", "unauthenticated", "permission_denied", "forbidden"})
+"""Outcomes whose access line is a warning: the service failed, or refused a client."""
+
+# -- log formatting -----------------------------------------------------------------------
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    when = dt.datetime.fromtimestamp(record.created, dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = getattr(record, "fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+def _logfmt(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text == "" or any(c in text for c in ' "=\\') or not text.isprintable():
+        return json.dumps(text)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-11-25T19:40:00.123Z INFO aqueduct.access: request peer=... op=write ...``"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        extra = " ".join(f"{k}={_logfmt(v)}" for k, v in _fields(record).items())
+        if extra:
+            line += " " + extra
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``msg``, then the fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in _fields(record).items():
+            out.setdefault(key, value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str = "info", fmt: str = "text") -> None:
+    """Send every log record to stderr at ``level`` and above, formatted as ``fmt``
+    (``text`` or ``json``); replaces whatever logging was set up before."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}")
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("quic").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def peer_text(peer: tuple[Any, ...] | None) -> str:
+    """``127.0.0.1:50123``, ``[::1]:50123``, or ``-`` when the transport gave no address."""
+    if not peer:
+        return "-"
+    host, port = str(peer[0]), peer[1] if len(peer) > 1 else None
+    if ":" in host:
+        host = f"[{host}]"
+    return host if port is None else f"{host}:{port}"
+
+
+# -- the metrics --------------------------------------------------------------------------
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The service's Prometheus metrics, in a registry of their own (so that several
+    services in one process, as in tests, keep separate counts)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # The "_created" timestamp series double every counter's lines and tell nothing a
+        # process_start_time_seconds does not (the switch is per process: a service's own).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = reg = registry or CollectorRegistry()
+        ProcessCollector(registry=reg)  # CPU, memory, open files of this process
+        self.connections_open = Gauge(
+            "aqueduct_connections_open", "Client connections open now.", registry=reg
+        )
+        self.connections = Counter(
+            "aqueduct_connections",
+            "Client connections accepted, by transport (quic or tcp).",
+            ["transport"],
+            registry=reg,
+        )
+        self.requests = Counter(
+            "aqueduct_requests",
+            "Requests answered, by operation and outcome (ok, or the error's status code).",
+            ["operation", "outcome"],
+            registry=reg,
+        )
+        self.requests_in_flight = Gauge(
+            "aqueduct_requests_in_flight", "Requests being served now.", registry=reg
+        )
+        self.request_seconds = Histogram(
+            "aqueduct_request_duration_seconds",
+            "Time from a request's arrival to its answer (a scan or write: to its end).",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.rows = Counter(
+            "aqueduct_rows",
+            "Rows received in writes (direction=in) and sent in scans (direction=out).",
+            ["direction"],
+            registry=reg,
+        )
+        self.bytes = Counter(
+            "aqueduct_bytes",
+            "Arrow IPC payload bytes received in writes (in) and sent in scans (out).",
+            ["direction"],
+            registry=reg,
+        )
+        self.commits = Counter(
+            "aqueduct_commits", "Commits that made a new dataset version.", registry=reg
+        )
+        self.commit_seconds = Histogram(
+            "aqueduct_commit_duration_seconds",
+            "Time to answer a successful commit request (Delta log write included).",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        for direction in ("in", "out"):  # present (as 0) before the first write or scan
+            self.rows.labels(direction)
+            self.bytes.labels(direction)
+
+
+# -- requests -----------------------------------------------------------------------------
+
+
+@dataclass
+class RequestRecord:
+    """What one request did so far; logged as its access line when it ends."""
+
+    observer: Observer
+    peer: str
+    op: str
+    dataset: str | None
+    started: float = field(default_factory=time.monotonic)
+    rows: int = 0
+    bytes: int = 0
+    error: P.DatasetError | None = None
+
+
+_current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "aqueduct_request", default=None
+)
+
+
+def note(*, rows: int = 0, nbytes: int = 0, direction: str = "in") -> None:
+    """Count rows and payload bytes the current request moved (``in``: received from the
+    client, ``out``: sent to it). The metrics move at once, the access line at the end.
+    Outside a request (no observer) it does nothing."""
+    record = _current.get()
+    if record is None:
+        return
+    record.rows += rows
+    record.bytes += nbytes
+    metrics = record.observer.metrics
+    if rows:
+        metrics.rows.labels(direction).inc(rows)
+    if nbytes:
+        metrics.bytes.labels(direction).inc(nbytes)
+
+
+def failed(error: P.DatasetError) -> None:
+    """The current request is answered with ``error`` (its outcome in the access line)."""
+    record = _current.get()
+    if record is not None:
+        record.error = error
+
+
+def committed() -> None:
+    """The current commit request made a new version."""
+    record = _current.get()
+    if record is not None:
+        record.observer.metrics.commits.inc()
+
+
+class _StallCollector:
+    """``aqueduct_flow_control_stalls_total``, read from the engines when scraped: the
+    engine is sans-IO and only counts; the connections closed so far are kept as a sum."""
+
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+
+    def collect(self) -> Iterator[Metric]:
+        credit, transport = self.observer.flow_stalls()
+        family = CounterMetricFamily(
+            "aqueduct_flow_control_stalls",
+            "Times a sender of the service waited: for the client's flow-control credit "
+            "(kind=credit, a slow reader) or for the transport's backlog to drain "
+            "(kind=transport, the network or QUIC windows).",
+            labels=["kind"],
+        )
+        family.add_metric(["credit"], credit)
+        family.add_metric(["transport"], transport)
+        yield family
+
+
+class Observer:
+    """Counts a service's connections and requests, and logs their access lines."""
+
+    def __init__(
+        self, operations: Iterable[str] = (), registry: CollectorRegistry | None = None
+    ) -> None:
+        self.metrics = Metrics(registry)
+        self.operations = frozenset(operations)
+        """The service's operations: label values; anything else a client sends is counted
+        as ``unknown``, so a client cannot make the metrics grow without bound."""
+        self.started = time.monotonic()
+        self._live: set[Connection] = set()
+        self._closed_stalls = (0, 0)
+        self.metrics.registry.register(_StallCollector(self))
+
+    @property
+    def connections_open(self) -> int:
+        return len(self._live)
+
+    def flow_stalls(self) -> tuple[int, int]:
+        """(credit, transport) stalls of every connection so far, open or closed."""
+        credit, transport = self._closed_stalls
+        for conn in self._live:
+            s = conn.flow_stalls()
+            credit += s.credit
+            transport += s.transport
+        return credit, transport
+
+    def connection_opened(self, conn: Connection) -> None:
+        self._live.add(conn)
+        self.metrics.connections_open.inc()
+        self.metrics.connections.labels(conn.transport).inc()
+        log.info(
+            "connection opened",
+            extra={"fields": {"peer": peer_text(conn.peer), "transport": conn.transport}},
+        )
+
+    def connection_closed(self, conn: Connection) -> None:
+        if conn not in self._live:
+            return
+        self._live.discard(conn)
+        s = conn.flow_stalls()
+        credit, transport = self._closed_stalls
+        self._closed_stalls = (credit + s.credit, transport + s.transport)
+        self.metrics.connections_open.dec()
+        log.info("connection closed", extra={"fields": {"peer": peer_text(conn.peer)}})
+
+    async def observe(
+        self, req: Any, conn: Connection | None, serve: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Serve ``req`` by awaiting ``serve()`` as one observed request: its counts, its
+        metrics and its access line. (A factory, not a coroutine: a task cancelled before
+        its first step would leave a coroutine argument never awaited.)"""
+        op = dataset = None
+        if isinstance(req, dict):
+            op, dataset, split = req.get("op"), req.get("dataset"), req.get("split")
+            if dataset is None and isinstance(split, dict):  # a scan names it in its split
+                dataset = split.get("dataset")
+        record = RequestRecord(
+            self,
+            peer_text(conn.peer if conn is not None else None),
+            op if isinstance(op, str) else "-",
+            dataset if isinstance(dataset, str) else None,
+        )
+        token = _current.set(record)
+        self.metrics.requests_in_flight.inc()
+        outcome = "cancelled"  # unless it ends otherwise: its connection closed under it
+        try:
+            await serve()
+            outcome = "ok" if record.error is None else record.error.code.lower()
+        finally:
+            _current.reset(token)
+            self.metrics.requests_in_flight.dec()
+            self._finish(record, outcome)
+
+    def _finish(self, record: RequestRecord, outcome: str) -> None:
+        seconds = time.monotonic() - record.started
+        op = record.op if record.op in self.operations else "unknown"
+        m = self.metrics
+        m.requests.labels(op, outcome).inc()
+        m.request_seconds.labels(op).observe(seconds)
+        if op == "commit" and outcome == "ok":
+            m.commit_seconds.observe(seconds)
+        fields: dict[str, Any] = {
+            "peer": record.peer,
+            "op": record.op,
+            "dataset": record.dataset or "-",
+            "rows": record.rows,
+            "bytes": record.bytes,
+            "duration_ms": round(seconds * 1000, 1),
+            "outcome": outcome,
+        }
+        if record.error is not None:
+            fields["error"] = record.error.message
+        level = logging.WARNING if outcome in LOUD_OUTCOMES else logging.INFO
+        ACCESS.log(level, "request", extra={"fields": fields})

@@ -1,0 +1,270 @@
+"""Service observability (issue 20 item 4) against a real ``aqueduct serve`` process: the
+Prometheus counters move during a real client write (scraped over real HTTP), every request
+leaves an access line with its fields and outcome, tokens never reach the log, ``/health``
+answers, and ``--workers`` gives each worker its own metrics port."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from aqueduct_spark import protocol as P
+from aqueduct_spark.service.observability import JsonFormatter, TextFormatter
+from aqueduct_spark.testing import ServiceProcess, start_service
+
+TOKEN = "tok-9c1e77-never-logged"
+WRONG = "wrong-4d20aa-never-logged"
+BATCHES, ROWS = 6, 2000
+
+
+def free_tcp_port(count: int = 1) -> int:
+    """A port p with p .. p+count-1 free on loopback (TCP)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return int(first)
+    raise RuntimeError("no free run of TCP ports on loopback")
+
+
+def get(url: str) -> tuple[int, str, str]:
+    """(status, content type, body) of a real HTTP GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``, parsed by prometheus-client's own text parser."""
+    status, ctype, body = get(base + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain"), (status, ctype)
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def access_lines(log: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    return [x for x in lines if x["logger"] == "aqueduct.access"]
+
+
+def wait_for_line(log: Path, **match: Any) -> dict[str, Any]:
+    """The access line with these fields (it is written as the request ends)."""
+    deadline = time.monotonic() + 10
+    while True:
+        for line in access_lines(log):
+            if all(line.get(k) == v for k, v in match.items()):
+                return line
+        assert time.monotonic() < deadline, f"no access line with {match}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def observed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServiceProcess, str, Path]]:
+    root = tmp_path_factory.mktemp("observed")
+    log = root.parent / "observed-service.log"
+    port = free_tcp_port()
+    flags = ["--metrics-port", str(port), "--log-format", "json"]
+    svc = start_service(root, token=TOKEN, args=flags, log=log)
+    yield svc, f"http://127.0.0.1:{port}", log
+    svc.stop()
+
+
+def test_metrics_move_during_a_write(observed: tuple[ServiceProcess, str, Path]) -> None:
+    svc, base, _ = observed
+    client = svc.client()
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    before = scrape(base)
+    txn = client.begin("observed_write", schema, mode="create")
+    after_begin = scrape(base)
+    assert value(after_begin, "aqueduct_requests_total", operation="begin", outcome="ok") == (
+        value(before, "aqueduct_requests_total", operation="begin", outcome="ok") + 1
+    )
+    seen_mid_write: list[dict[Any, float]] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for i in range(BATCHES):
+            if i == BATCHES // 2:
+                # Half the batches are out: the service counts them while the write runs.
+                rows_in = value(before, "aqueduct_rows_total", direction="in")
+                deadline = time.monotonic() + 10
+                while True:
+                    now = scrape(base)
+                    if value(now, "aqueduct_rows_total", direction="in") > rows_in:
+                        break
+                    assert time.monotonic() < deadline, "rows_total did not move mid-write"
+                    time.sleep(0.05)
+                seen_mid_write.append(now)
+            ids = pa.array(range(i * ROWS, (i + 1) * ROWS), pa.int64())
+            yield pa.record_batch([ids, pa.array([f"n{j}" for j in range(ROWS)])], schema=schema)
+
+    staged = client.write_task(txn, batches())
+    (mid,) = seen_mid_write
+    assert value(mid, "aqueduct_requests_in_flight") >= 1  # the write had not ended
+    assert value(mid, "aqueduct_connections_open") >= 1
+    assert value(mid, "aqueduct_bytes_total", direction="in") > value(
+        before, "aqueduct_bytes_total", direction="in"
+    )
+    after_write = scrape(base)
+    assert value(after_write, "aqueduct_rows_total", direction="in") == (
+        value(before, "aqueduct_rows_total", direction="in") + BATCHES * ROWS
+    )
+    assert value(after_write, "aqueduct_requests_total", operation="write", outcome="ok") == 1
+    commits = value(after_write, "aqueduct_commits_total")
+    latency = value(after_write, "aqueduct_commit_duration_seconds_count")
+
+    client.commit(txn, [staged])
+    done = scrape(base)
+    assert value(done, "aqueduct_commits_total") == commits + 1
+    assert value(done, "aqueduct_commit_duration_seconds_count") == latency + 1
+    assert value(done, "aqueduct_commit_duration_seconds_sum") > 0
+    assert value(done, "aqueduct_connections_total", transport="quic") >= 1
+    for kind in ("credit", "transport"):
+        assert ("aqueduct_flow_control_stalls_total", (("kind", kind),)) in done
+    assert value(done, "process_resident_memory_bytes") > 0
+
+    assert client.read("observed_write").num_rows == BATCHES * ROWS
+    read = scrape(base)
+    assert value(read, "aqueduct_rows_total", direction="out") >= BATCHES * ROWS
+
+
+def test_access_lines_carry_the_fields_and_outcome(
+    observed: tuple[ServiceProcess, str, Path],
+) -> None:
+    svc, base, log = observed
+    client = svc.client()
+    data = pa.table({"x": pa.array(range(500), pa.int64())})
+    client.write("observed_access", data, mode="create")
+    line = wait_for_line(log, op="write", dataset="observed_access")
+    assert line["outcome"] == "ok" and line["level"] == "info"
+    assert line["rows"] == 500 and line["bytes"] > 0
+    assert isinstance(line["duration_ms"], int | float) and line["duration_ms"] >= 0
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", line["peer"]), line["peer"]
+    assert line["msg"] == "request" and re.fullmatch(r"\d{4}-.*T.*Z", line["ts"])
+    commit = wait_for_line(log, op="commit", dataset="observed_access")
+    assert commit["outcome"] == "ok"
+
+    with pytest.raises(P.DatasetNotFound):
+        client.describe("observed_missing")
+    missing = wait_for_line(log, op="describe", dataset="observed_missing")
+    assert missing["outcome"] == "not_found" and "does not exist" in missing["error"]
+
+    with pytest.raises(P.Unauthenticated):
+        svc.client(token=WRONG).list()
+    refused = wait_for_line(log, op="list", outcome="unauthenticated")
+    assert refused["level"] == "warning" and refused["rows"] == 0
+    assert value(
+        scrape(base), "aqueduct_requests_total", operation="list", outcome="unauthenticated"
+    )
+
+    text = log.read_text()
+    assert TOKEN not in text and WRONG not in text  # neither the right token nor a wrong one
+
+
+def test_health_answers_and_unknown_paths_do_not(
+    observed: tuple[ServiceProcess, str, Path],
+) -> None:
+    _, base, _ = observed
+    status, ctype, body = get(base + "/health")
+    assert status == 200 and ctype == "application/json"
+    health = json.loads(body)
+    assert health["status"] == "ok" and health["protocol"] == P.PROTOCOL_VERSION
+    assert health["uptime_s"] >= 0 and health["connections"] >= 0
+    status, _, body = get(base + "/nothing-here")
+    assert status == 404 and "/metrics" in body
+    request = urllib.request.Request(base + "/health", method="POST", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    with refused.value:
+        assert refused.value.code == 405
+
+
+def test_each_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
+    port = free_tcp_port(2)
+    svc = start_service(tmp_path / "root", workers=2, args=["--metrics-port", str(port)])
+    try:
+        workers = set()
+        for p in (port, port + 1):
+            status, _, body = get(f"http://127.0.0.1:{p}/health")
+            assert status == 200
+            workers.add(json.loads(body)["worker"])
+            assert "aqueduct_connections_open" in get(f"http://127.0.0.1:{p}/metrics")[2]
+        assert workers == {0, 1}
+    finally:
+        svc.stop()
+
+
+def test_a_metrics_port_in_use_stops_the_start_with_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", "--root", str(tmp_path)]
+        done = subprocess.run(
+            [*cmd, "--port", "0", "--metrics-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode != 0
+    assert f"cannot listen for metrics on http://127.0.0.1:{port}" in done.stderr
+    assert "--metrics-port" in done.stderr and "Traceback" not in done.stderr
+    assert "AQUEDUCT_READY" not in done.stdout
+
+
+def _record(**fields: Any) -> logging.LogRecord:
+    record = logging.LogRecord("aqueduct.access", logging.INFO, __file__, 1, "request", (), None)
+    record.fields = fields
+    return record
+
+
+def test_text_format_is_key_value_with_quoting_where_needed() -> None:
+    line = TextFormatter().format(
+        _record(peer="[::1]:5000", op="write", rows=3, error='no "x" here', dataset="")
+    )
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO aqueduct\.access: request "
+        r'peer=\[::1\]:5000 op=write rows=3 error="no \\"x\\" here" dataset=""',
+        line,
+    ), line
+
+
+def test_json_format_is_one_object_per_line() -> None:
+    line = JsonFormatter().format(_record(op="scan", rows=7, msg="not the message"))
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["msg"] == "request"  # a field never overwrites the record's own keys
+    assert (parsed["op"], parsed["rows"], parsed["level"]) == ("scan", 7, "info")
+

@@ -30,6 +30,7 @@ from aqueduct_spark.cli.datasets import (
 )
 from aqueduct_spark.cli.maintenance import COMMANDS as MAINTENANCE_COMMANDS
 from aqueduct_spark.cli.serve import cmd_cert, cmd_serve
+from aqueduct_spark.cli.status import cmd_status
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -45,6 +46,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": cmd_import,
     "export": cmd_export,
     **MAINTENANCE_COMMANDS,
+    "status": cmd_status,
 }
 
 

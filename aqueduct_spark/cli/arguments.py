@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     _file_format_option(exp)
     _read_options(exp)
     _client_options(exp)
+    st = sub.add_parser("status", help="show whether a service is up and how fast it answers")
+    st.add_argument(
+        "target", nargs="?", metavar="URL", help="service address (default: --url, AQUEDUCT_URL)"
+    )
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    _client_options(st)
     maintenance.add_parsers(sub, _client_options)
     return parser
 

@@ -19,7 +19,7 @@ from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_spark.client import Client
 
 
-def _client(args: argparse.Namespace) -> Client:
+def _client(args: argparse.Namespace, **options: Any) -> Client:
     if args.cafile:
         tls = ClientTLS(cafile=args.cafile)
     elif args.fingerprint:
@@ -29,7 +29,7 @@ def _client(args: argparse.Namespace) -> Client:
     else:
         tls = ClientTLS()
     transport = TransportConfig(backend=args.backend, transport=args.transport)
-    return Client(args.url, token=args.token, tls=tls, transport=transport)
+    return Client(args.url, token=args.token, tls=tls, transport=transport, **options)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

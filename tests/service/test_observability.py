@@ -268,3 +268,42 @@ def test_json_format_is_one_object_per_line() -> None:
     assert parsed["msg"] == "request"  # a field never overwrites the record's own keys
     assert (parsed["op"], parsed["rows"], parsed["level"]) == ("scan", 7, "info")
 
+
+def aqueduct(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aqueduct_spark.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},  # no AQUEDUCT_* of ours
+    )
+
+
+def test_status_shows_a_service_up_with_or_without_the_token(
+    observed: tuple[ServiceProcess, str, Path],
+) -> None:
+    svc, _, _ = observed
+    trust = ["--fingerprint", svc.fingerprint]
+    done = aqueduct("status", svc.url, *trust, "--token", TOKEN)
+    assert done.returncode == 0, done.stderr
+    assert f"service   {svc.url}" in done.stdout
+    assert re.search(r"status    up, over (quic|tcp)", done.stdout), done.stdout
+    assert re.search(r"latency   [\d.]+ ms to the first answer", done.stdout)
+    assert re.search(r"datasets  \d+ \(", done.stdout)
+
+    refused = aqueduct("status", svc.url, *trust, "--json")
+    assert refused.returncode == 0, refused.stderr
+    report = json.loads(refused.stdout)
+    assert report["status"] == "up" and report["authenticated"] is False
+    assert "token" in report["error"] and report["first_answer_ms"] > 0
+
+
+def test_status_of_a_service_that_is_not_there_is_down() -> None:
+    with socket.socket() as s:  # a TCP port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = aqueduct("status", f"tcp://127.0.0.1:{port}", "--insecure", "--json")
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["status"] == "down" and f"127.0.0.1:{port}" in report["error"]

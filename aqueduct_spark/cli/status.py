@@ -1,0 +1,77 @@
+"""``aqueduct status [URL]``: is a dataset service up, and how quickly does it answer?
+
+It asks the service over its own protocol, with the same URL, trust and token options as
+every client command, so it works from any machine that can use the service (the HTTP
+``/health`` of ``--metrics-port`` is often bound to the service's host only). It connects and
+lists the datasets twice: the first answer includes connecting (handshake and TLS), the
+second is one request on the open connection. A service that answers, even with
+``Unauthenticated`` for a missing or wrong token, is up (exit 0); one that cannot be reached
+or fails is down (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from aqueduct_core.errors import AqueductError
+from aqueduct_spark import protocol as P
+from aqueduct_spark.cli.datasets import _client, _size
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.target:
+        args.url = args.target
+    report: dict[str, Any] = {"url": args.url}
+    client = _client(args, retries=0)  # a status is a measurement: no retries behind it
+    try:
+        started = time.perf_counter()
+        try:
+            datasets = client.list()
+        except P.Unauthenticated as refused:
+            report.update(status="up", authenticated=False, error=refused.message)
+            report["first_answer_ms"] = _ms(started)
+        else:
+            report["first_answer_ms"] = _ms(started)
+            again = time.perf_counter()
+            client.list()
+            report.update(status="up", authenticated=True, request_ms=_ms(again))
+            report["transport"] = client.transport
+            report["datasets"] = len(datasets)
+            report["rows"] = sum(d.rows for d in datasets)
+            report["bytes"] = sum(d.bytes for d in datasets)
+    except AqueductError as exc:
+        if not args.json:
+            raise  # printed like every other command's error, exit 1
+        report.update(status="down", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print(report)
+    return 0 if report["status"] == "up" else 1
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 1)
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"service   {report['url']}")
+    if not report["authenticated"]:
+        print(
+            "status    up, but it refused this client: pass the service's token with "
+            "--token or AQUEDUCT_TOKEN"
+        )
+        print(f"refusal   {report['error']}")
+        print(f"latency   {report['first_answer_ms']} ms to the refusal (connecting included)")
+        return
+    print(f"status    up, over {report['transport']}")
+    print(
+        f"latency   {report['first_answer_ms']} ms to the first answer (connecting "
+        f"included), then {report['request_ms']} ms a request"
+    )
+    print(f"datasets  {report['datasets']} ({report['rows']:,} rows, {_size(report['bytes'])})")

@@ -113,12 +113,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "root": root,
     }
     if args.workers <= 1:
+        _check_metrics_ports([spec["metrics"]] if spec["metrics"] else [])
         _configure_logging(spec["log"])
         _run(_serve_forever(spec, banner))
         return 0
     ctx = multiprocessing.get_context("spawn")  # deltalake must not be used across fork
     ready = [ctx.Event() for _ in range(args.workers)]
     specs = _worker_specs(spec, args.workers)
+    _check_metrics_ports([s["metrics"] for s in specs if s["metrics"]])
     procs = [
         ctx.Process(target=_worker, args=(s, ev), daemon=True)
         for s, ev in zip(specs, ready, strict=True)
@@ -275,18 +277,39 @@ def _transports(choice: str) -> tuple[str, ...]:
 
 
 async def _start_metrics(service: Any, server: Any, metrics: dict[str, Any]) -> Any:
-    from aqueduct_spark.service.health import http_url, start_http
+    from aqueduct_spark.service.health import start_http
 
     extra = {} if metrics["worker"] is None else {"worker": metrics["worker"]}
     try:
         return await start_http(service.observer, metrics["host"], metrics["port"], extra)
-    except OSError as exc:
+    except OSError as exc:  # taken since _check_metrics_ports looked
         await server.close()
-        where = http_url(metrics["host"], metrics["port"])
-        raise AqueductServeError(
-            f"cannot listen for metrics on {where}: {exc.strerror or exc}; choose another "
-            "--metrics-port (0: any free port) or --metrics-host"
-        ) from None
+        raise _metrics_port_error(metrics, exc) from None
+
+
+def _check_metrics_ports(wanted: list[dict[str, Any]]) -> None:
+    """Refuse, before anything starts, a metrics port that cannot be bound (one line)."""
+    for metrics in wanted:
+        if not metrics["port"]:
+            continue
+        family = socket.AF_INET6 if ":" in metrics["host"] else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds
+            try:
+                probe.bind((metrics["host"], metrics["port"]))
+            except OSError as exc:
+                raise _metrics_port_error(metrics, exc) from None
+
+
+def _metrics_port_error(metrics: dict[str, Any], exc: OSError) -> Exception:
+    from aqueduct_spark.service.health import http_url
+    from aqueduct_spark.service.startup import StartupError
+
+    return StartupError(
+        f"cannot listen for metrics on {http_url(metrics['host'], metrics['port'])}: "
+        f"{exc.strerror or exc}; choose another --metrics-port (0: any free port) or "
+        "--metrics-host"
+    )
 
 
 def _free_tcp_port(host: str) -> int:

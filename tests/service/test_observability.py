@@ -238,8 +238,9 @@ def test_a_metrics_port_in_use_stops_the_start_with_the_fix(tmp_path: Path) -> N
             timeout=60,
             check=False,
         )
-    assert done.returncode != 0
+    assert done.returncode == 2, done.stderr  # a startup error: one line, status 2
     assert f"cannot listen for metrics on http://127.0.0.1:{port}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "--metrics-port" in done.stderr and "Traceback" not in done.stderr
     assert "AQUEDUCT_READY" not in done.stdout
 

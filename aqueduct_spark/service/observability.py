@@ -16,9 +16,9 @@ looked at here, so they cannot reach a log line.
 from __future__ import annotations
 
 import contextvars
-import datetime as dt
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -50,8 +50,9 @@ LOUD_OUTCOMES = frozenset({"internal", "unauthenticated", "permission_denied", "
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    when = dt.datetime.fromtimestamp(record.created, dt.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + (
+        f".{int(record.msecs):03d}Z"
+    )
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -59,11 +60,17 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else {}
 
 
+_BARE = re.compile(r'[^\s"=\\]+')
+"""A value written without quotes: no space, quote, equals sign or backslash."""
+
+
 def _logfmt(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text == "" or any(c in text for c in ' "=\\') or not text.isprintable():
-        return json.dumps(text)
-    return text
+    if _BARE.fullmatch(text) and text.isprintable():
+        return text
+    return json.dumps(text)
 
 
 class TextFormatter(logging.Formatter):
@@ -271,6 +278,7 @@ class Observer:
         self.started = time.monotonic()
         self._live: set[Connection] = set()
         self._closed_stalls = (0, 0)
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.metrics.registry.register(_StallCollector(self))
 
     @property
@@ -337,10 +345,17 @@ class Observer:
         seconds = time.monotonic() - record.started
         op = record.op if record.op in self.operations else "unknown"
         m = self.metrics
-        m.requests.labels(op, outcome).inc()
-        m.request_seconds.labels(op).observe(seconds)
+        children = self._children.get((op, outcome))
+        if children is None:  # labels() takes a lock and builds a key: once per pair
+            children = (m.requests.labels(op, outcome), m.request_seconds.labels(op))
+            self._children[op, outcome] = children
+        children[0].inc()
+        children[1].observe(seconds)
         if op == "commit" and outcome == "ok":
             m.commit_seconds.observe(seconds)
+        level = logging.WARNING if outcome in LOUD_OUTCOMES else logging.INFO
+        if not ACCESS.isEnabledFor(level):
+            return
         fields: dict[str, Any] = {
             "peer": record.peer,
             "op": record.op,
@@ -352,5 +367,4 @@ class Observer:
         }
         if record.error is not None:
             fields["error"] = record.error.message
-        level = logging.WARNING if outcome in LOUD_OUTCOMES else logging.INFO
         ACCESS.log(level, "request", extra={"fields": fields})

@@ -178,9 +178,9 @@ def test_every_command_and_flag_is_documented(parser: argparse.ArgumentParser) -
     connection = heads["Connection options"]
     for name, sub in commands.items():
         body = heads[f"`aqueduct {name}`"]
-        for flag in long_flags(sub):
-            if flag == "--help":
-                continue
+        for flag, action in long_flags(sub).items():
+            if flag == "--help" or action.default is argparse.SUPPRESS:
+                continue  # -v and -q after the command: documented once, as global flags
             where = body + (connection if "--url" in long_flags(sub) else "")
             assert re.search(rf"`{re.escape(flag)}\b", where), f"aqueduct {name} {flag}"
     for flag in long_flags(parser):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,7 @@ from aqueduct_spark.cli.datasets import (
 from aqueduct_spark.cli.maintenance import COMMANDS as MAINTENANCE_COMMANDS
 from aqueduct_spark.cli.serve import cmd_cert, cmd_serve
 from aqueduct_spark.cli.status import cmd_status
+from aqueduct_spark.service.startup import StartupError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -51,19 +53,45 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("quic").setLevel(logging.WARNING)
     try:
-        return int(COMMANDS[args.command](args) or 0)
+        if getattr(args, "config", None):  # the file's settings become the flags' defaults
+            from aqueduct_spark.cli.config import load_config
+
+            serve = _subcommand(parser, "serve")
+            serve.set_defaults(**load_config(args.config, serve))
+            args = parser.parse_args(argv)
+        code = int(COMMANDS[args.command](args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is seen below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (`aqueduct cat ... | head`): it has what it wanted. Point
+        # stdout at /dev/null so that the interpreter's last flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except StartupError as exc:
+        print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
+        return 2
     except AqueductError as exc:
         print(f"aqueduct {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise LookupError(name)

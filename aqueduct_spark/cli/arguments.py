@@ -4,12 +4,35 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import sys
+from typing import NoReturn
 
 from aqueduct_core.engine import EngineConfig
 from aqueduct_spark.cli import maintenance
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line that says where the options are, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("aqueduct-spark")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json", action="store_true", help="print JSON (for scripts) instead of a table"
+    )
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
@@ -65,6 +88,7 @@ def _storage_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
+        type=_key_value,
         help="object-store option passed to Delta Lake (repeatable)",
     )
 
@@ -79,13 +103,21 @@ def _file_format_option(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="aqueduct", description="Aqueduct dataset service and client commands."
+    parser = _Parser(prog="aqueduct", description="Aqueduct dataset service and client commands.")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"aqueduct {_version()} (Python {sys.version.split()[0]})",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    _talk_options(parser.add_mutually_exclusive_group())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("serve", help="run the dataset service")
+    s.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with serve settings and tokens; flags given here win over it",
+    )
     s.add_argument(
         "--root",
         default=os.environ.get("AQUEDUCT_ROOT", "./aqueduct-data"),
@@ -98,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=4433,
         help="UDP and TCP port (default %(default)s; 0: any free)",
     )
@@ -114,11 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AQUEDUCT_TOKEN"),
         help="require this bearer token from clients (env AQUEDUCT_TOKEN)",
     )
+    s.add_argument(
+        "--allow-anonymous",
+        action="store_true",
+        help="serve beyond loopback (--host) with no token at all; refused without it",
+    )
     s.add_argument("--cert", help="certificate chain (PEM); default: a development certificate")
     s.add_argument("--key", help="private key (PEM) of --cert")
     s.add_argument(
         "--workers",
-        type=int,
+        type=_positive,
         default=1,
         help="service processes sharing the port (default %(default)s)",
     )
@@ -201,10 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--days", type=int, default=365, help="validity in days (default %(default)s)")
 
     ls = sub.add_parser("ls", help="list datasets")
+    _json_option(ls)
     _client_options(ls)
     d = sub.add_parser("describe", help="show a dataset's schema, version, size")
     d.add_argument("dataset")
     d.add_argument("--version", type=int, help="an older version (time travel)")
+    _json_option(d)
     _client_options(d)
     h = sub.add_parser("head", help="print the first rows of a dataset")
     h.add_argument("dataset")
@@ -223,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     _client_options(cat)
     hist = sub.add_parser("history", help="list a dataset's versions")
     hist.add_argument("dataset")
+    _json_option(hist)
     _client_options(hist)
     drop = sub.add_parser("drop", help="delete a dataset and all its versions")
     drop.add_argument("dataset")
@@ -248,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="write a dataset to a Parquet or CSV file")
     exp.add_argument("dataset")
     exp.add_argument("file")
+    exp.add_argument("--force", action="store_true", help="replace FILE if it exists")
     _file_format_option(exp)
     _read_options(exp)
     _client_options(exp)
@@ -258,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print one JSON object")
     _client_options(st)
     maintenance.add_parsers(sub, _client_options)
+    for command in sub.choices.values():  # -v and -q also after the command
+        _talk_options(command.add_mutually_exclusive_group(), default=argparse.SUPPRESS)
     return parser
 
 
@@ -292,6 +335,17 @@ def _observability_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _talk_options(g: argparse._MutuallyExclusiveGroup, default: object = False) -> None:
+    g.add_argument("-v", "--verbose", action="store_true", default=default, help="log more (DEBUG)")
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="log warnings and errors only, no progress bars",
+    )
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -300,6 +354,22 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return value
+
+
+def _key_value(text: str) -> str:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
 
 
 def _listen_transports(text: str) -> str:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -16,7 +18,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
-from aqueduct_spark.client import Client
+from aqueduct_spark.client import Client, DatasetDescription
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Client:
@@ -32,8 +34,42 @@ def _client(args: argparse.Namespace, **options: Any) -> Client:
     return Client(args.url, token=args.token, tls=tls, transport=transport, **options)
 
 
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what the service answers with beyond JSON's types (times, bytes)."""
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _described(d: DatasetDescription) -> dict[str, Any]:
+    return {
+        "name": d.name,
+        "version": d.version,
+        "rows": d.rows,
+        "bytes": d.bytes,
+        "files": d.files,
+        "partition_by": list(d.partition_by),
+        "created": d.created,
+        "updated": d.updated,
+        "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in d.schema],
+    }
+
+
+def _progress(args: argparse.Namespace, **kw: Any) -> tqdm[Any]:
+    return tqdm(unit="rows", unit_scale=True, disable=getattr(args, "quiet", False), **kw)
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     datasets = _client(args).list()
+    if args.json:
+        _print_json([_described(d) for d in datasets])
+        return 0
     if not datasets:
         print("(no datasets)")
     for d in datasets:
@@ -43,6 +79,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     d = _client(args).describe(args.dataset, version=args.version)
+    if args.json:
+        _print_json(_described(d))
+        return 0
     print(f"dataset   {d.name}")
     print(f"version   {d.version}")
     print(f"rows      {d.rows:,}")
@@ -112,6 +151,9 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     offsets = _client(args).offsets(args.dataset)
+    if args.json:
+        _print_json(offsets["versions"])
+        return 0
     for v in offsets["versions"]:
         print(
             f"v{v['version']:<6} {v['timestamp']}  {v['operation']:20} +{v['rows']:,} rows +{_size(v['bytes'])}"
@@ -155,7 +197,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     known = [n for _, n, _ in sources if n is not None]
     total = sum(known) if len(known) == len(sources) else None
     txn = client.begin(args.dataset, schema, mode=args.mode, partition_by=args.partition_by)
-    with tqdm(total=total, unit="rows", unit_scale=True, desc=f"import {args.dataset}") as bar:
+    with _progress(args, total=total, desc=f"import {args.dataset}") as bar:
 
         def batches() -> Any:
             for _, _, make in sources:
@@ -174,41 +216,51 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """Write to a temporary file beside FILE, renamed to FILE once complete: an export that
+    fails or is interrupted leaves FILE as it was."""
+    client = _client(args)
+    fmt = _format_of(args.file, args.format)
+    target = Path(args.file)
+    if target.exists() and not args.force:
+        raise FileExistsError(f"{args.file} exists: give --force to replace it")
+    read = _read_args(args)
+    plan = client.plan(args.dataset, **read)
+    part = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        written = _export_to(part, fmt, client, plan, read, args)
+        if target.exists() and not args.force:  # made while we exported
+            raise FileExistsError(f"{args.file} exists: give --force to replace it")
+        os.replace(part, target)
+    finally:
+        part.unlink(missing_ok=True)
+    print(f"{args.file}: {written:,} rows of {args.dataset} version {plan.version}")
+    return 0
+
+
+def _export_to(
+    path: Path, fmt: str, client: Client, plan: Any, read: dict[str, Any], args: argparse.Namespace
+) -> int:
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
-    client = _client(args)
-    fmt = _format_of(args.file, args.format)
-    read = _read_args(args)
-    plan = client.plan(args.dataset, **read)
-    writer: Any = None
+    writer: Any = (
+        pq.ParquetWriter(path, plan.schema)
+        if fmt == "parquet"
+        else pcsv.CSVWriter(path, plan.schema)
+    )  # made first: an empty dataset still gives a file with the schema
     written = 0
-    with tqdm(total=plan.rows, unit="rows", unit_scale=True, desc=f"export {args.dataset}") as bar:
+    with _progress(args, total=plan.rows, desc=f"export {args.dataset}") as bar:
         try:
             for split in plan.splits:
                 for batch in client.scan(
                     split, schema=plan.schema, columns=read["columns"], filter=read["filter"]
                 ):
-                    if writer is None:
-                        writer = (
-                            pq.ParquetWriter(args.file, plan.schema)
-                            if fmt == "parquet"
-                            else pcsv.CSVWriter(args.file, plan.schema)
-                        )
                     writer.write_batch(batch)
                     written += batch.num_rows
                     bar.update(batch.num_rows)
-            if writer is None:  # an empty dataset still gives a file with the schema
-                writer = (
-                    pq.ParquetWriter(args.file, plan.schema)
-                    if fmt == "parquet"
-                    else pcsv.CSVWriter(args.file, plan.schema)
-                )
         finally:
-            if writer is not None:
-                writer.close()
-    print(f"{args.file}: {written:,} rows of {args.dataset} version {plan.version}")
-    return 0
+            writer.close()
+    return written
 
 
 def _size(n: int) -> str:

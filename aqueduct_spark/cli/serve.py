@@ -9,8 +9,10 @@ import asyncio
 import importlib.util
 import json
 import multiprocessing
+import shlex
 import signal
 import socket
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,9 @@ from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ServerTLS, TransportConfig
 from aqueduct_core.transport.tls import file_fingerprint, format_fingerprint, make_dev_certificates
 from aqueduct_spark.cli.maintenance import maintenance_config
+from aqueduct_spark.service import startup
+from aqueduct_spark.service.access import AccessPolicy
+from aqueduct_spark.service.startup import StartupError, check_exposure, listen_error
 
 
 class AqueductServeError(AqueductError):
@@ -52,17 +57,38 @@ def cmd_cert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _access(args: argparse.Namespace) -> AccessPolicy:
+    try:
+        return AccessPolicy.of(args.token or None, getattr(args, "tokens", ()))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _check_certificate(cert: str, key: str) -> None:
+    for flag, path in (("--cert", cert), ("--key", key)):
+        if not Path(path).is_file():
+            raise StartupError(f"{flag} {path}: no such file")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise StartupError(
+            f"--cert {cert} and --key {key} cannot be loaded ({exc}): give a PEM certificate "
+            "chain and its private key (aqueduct cert makes a pair)"
+        ) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _need_service("serve")
     if (args.cert is None) != (args.key is None):
-        raise ValueError("give both --cert and --key, or neither (for a development certificate)")
+        raise StartupError("give both --cert and --key, or neither (for a development certificate)")
+    access = _access(args)
+    check_exposure(args.host, args.port, access.requires_token, args.allow_anonymous)
     root = args.root
     options = dict(kv.split("=", 1) for kv in args.storage_option)
-    from aqueduct_spark.service import startup
-
     startup.check_root(root, options or None)  # one clear line for a root it cannot use
     local = "://" not in root or root.startswith("file://")
     if args.cert:
+        _check_certificate(args.cert, args.key)
         tls = ServerTLS(args.cert, args.key)
         ca = None
     else:
@@ -71,8 +97,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             make_dev_certificates(tls_dir)
         tls = ServerTLS(str(tls_dir / "server.pem"), str(tls_dir / "server.key"))
         ca = tls_dir / "ca.pem"
-    if local:
-        Path(root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     port = args.port
     if args.workers > 1 and port == 0:
         port = _free_udp_port(args.host)
@@ -83,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "root": root,
         "host": args.host,
         "port": port,
-        "token": args.token,
+        "access": access,
         "certfile": tls.certfile,
         "keyfile": tls.keyfile,
         "storage_options": options or None,
@@ -111,6 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "cafile": str(ca) if ca else None,
         "workers": args.workers,
         "root": root,
+        "token_required": access.requires_token,
     }
     if args.workers <= 1:
         _check_metrics_ports([spec["metrics"]] if spec["metrics"] else [])
@@ -132,7 +157,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
             for proc in procs:
                 proc.terminate()
-            raise AqueductServeError("a service worker failed to start; see the log above")
+            if any(p.exitcode == 2 for p in procs):
+                return 2  # a startup error, which the worker printed
+            raise StartupError("a service worker failed to start; see the log above")
         time.sleep(0.05)
     _print_banner(banner)
     stop = {"now": False}
@@ -170,16 +197,44 @@ def _print_banner(banner: dict[str, Any]) -> None:
             f"aqueduct: development CA {banner['cafile']} (clients: --cafile or --fingerprint)",
             flush=True,
         )
+    print("aqueduct: to use it from another shell:", flush=True)
+    for line in _client_commands(banner):
+        print(f"    {line}", flush=True)
     print("AQUEDUCT_READY " + json.dumps(banner), flush=True)
+
+
+def _client_commands(banner: dict[str, Any]) -> list[str]:
+    """Shell lines that point the CLI, the Python client and Spark at this service."""
+    scheme, _, address = banner["url"].partition("://")
+    host, _, port = address.rpartition(":")
+    wildcard = host.strip("[]") in ("0.0.0.0", "::", "")
+    here = ("[::1]" if ":" in host else "127.0.0.1") if wildcard else host
+    url = f"{scheme}://{here}:{port}"
+    lines = [
+        f"export AQUEDUCT_URL={shlex.quote(url)} "
+        f"AQUEDUCT_FINGERPRINT={shlex.quote(banner['fingerprint'])}"
+    ]
+    if banner["token_required"]:
+        lines.append("export AQUEDUCT_TOKEN=...   # a token this service accepts")
+    if wildcard:
+        lines.append(
+            f"# from other machines: AQUEDUCT_URL={scheme}://{socket.gethostname()}:{port}"
+        )
+    lines.append("aqueduct ls")
+    return lines
 
 
 def _worker(spec: dict[str, Any], ready: Any) -> None:
     _configure_logging(spec["log"])
-    _run(_serve_forever(spec, None, ready))
+    try:
+        _run(_serve_forever(spec, None, ready))
+    except StartupError as exc:
+        print(f"aqueduct serve: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def _log_settings(args: argparse.Namespace) -> dict[str, str]:
-    level = args.log_level or ("debug" if args.verbose else "info")
+    level = args.log_level or ("debug" if args.verbose else "warning" if args.quiet else "info")
     return {"level": level, "format": args.log_format}
 
 
@@ -234,7 +289,7 @@ async def _serve_forever(
 
     config = ServiceConfig(
         spec["root"],
-        token=spec["token"] or None,
+        access=spec["access"],
         storage_options=spec["storage_options"],
         max_requests=spec["max_requests"],
         max_scans=spec["max_scans"],
@@ -246,14 +301,17 @@ async def _serve_forever(
         transport=spec["transport"],
         engine=EngineConfig(**spec["engine"]),
     )
-    service, server = await start(
-        config,
-        spec["host"],
-        spec["port"],
-        tls=ServerTLS(spec["certfile"], spec["keyfile"]),
-        transport=transport,
-        reuse_port=spec["reuse_port"],
-    )
+    try:
+        service, server = await start(
+            config,
+            spec["host"],
+            spec["port"],
+            tls=ServerTLS(spec["certfile"], spec["keyfile"]),
+            transport=transport,
+            reuse_port=spec["reuse_port"],
+        )
+    except OSError as exc:
+        raise listen_error(exc, spec["host"], spec["port"]) from None
     http = None
     if spec["metrics"] is not None:
         http = await _start_metrics(service, server, spec["metrics"])

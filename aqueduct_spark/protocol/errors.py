@@ -51,6 +51,15 @@ class Unauthenticated(DatasetError):
     code = "UNAUTHENTICATED"
 
 
+class PermissionDenied(DatasetError):
+    """The connection's token is valid but its rights do not cover the request: the dataset is
+    outside its globs, or it may only read and the request writes. Use a token with those
+    rights (the service's operator grants them in its configuration file)."""
+
+    code = "PERMISSION_DENIED"
+    permanent = True
+
+
 class Conflict(DatasetError):
     """A concurrent commit changed the dataset in a way this commit cannot be applied on
     top of (e.g. two overwrites). The staged files are kept: retrying the commit is safe,
@@ -99,6 +108,7 @@ ERRORS: dict[str, type[DatasetError]] = {
         DatasetExists,
         SchemaMismatch,
         Unauthenticated,
+        PermissionDenied,
         Conflict,
         InvalidRequest,
         VersionNotFound,

@@ -33,6 +33,7 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
+from aqueduct_spark.service.access import AccessPolicy, Grant
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
@@ -53,7 +54,10 @@ class ServiceConfig:
     root: str
     """Directory (or object-store URI) holding one Delta table per dataset."""
     token: str | None = None
-    """Connections must present this bearer token; None: no authentication."""
+    """A bearer token with read-write rights on every dataset (``--token``)."""
+    access: AccessPolicy = dataclass_field(default_factory=AccessPolicy)
+    """More tokens, each with its rights (``[[tokens]]`` of ``--config``). With neither
+    ``token`` nor grants here: no authentication."""
     storage_options: dict[str, str] | None = None
     batch_rows: int = 65536
     """Rows per Arrow batch in scans (about 100k rows suits Spark best)."""
@@ -97,6 +101,23 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
         return P.Unavailable(f"the request's channel ended: {exc}")
     log.exception("request failed", exc_info=exc)
     return P.InternalError(f"the service failed: {type(exc).__name__}: {exc}")
+
+
+def _authorize(grant: Grant | P.Unauthenticated, op: str, req: dict[str, Any]) -> Grant:
+    """The grant that allows this request; a refusal is raised and logged (with the token's
+    name, never the token)."""
+    split = req.get("split")
+    dataset = split.get("dataset") if op == "scan" and isinstance(split, dict) else None
+    dataset = dataset if isinstance(dataset, str) else req.get("dataset")
+    dataset = dataset if isinstance(dataset, str) else None
+    try:
+        if isinstance(grant, P.Unauthenticated):
+            raise P.Unauthenticated(grant.message)
+        grant.check(op, dataset)
+    except (P.Unauthenticated, P.PermissionDenied) as refused:
+        log.warning("refused %s of %s: %s", op, dataset or "the service", refused.message)
+        raise
+    return grant
 
 
 def _end_handles(value: Any) -> None:
@@ -185,6 +206,7 @@ class DatasetService:
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
         self.observer = Observer({*self._ops, "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
+        self.access = AccessPolicy.of(config.token, config.access.grants)
 
     # -- connection handling ----------------------------------------------------------
 
@@ -197,10 +219,12 @@ class DatasetService:
 
     async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
         self.observer.connection_opened(conn)
-        token = self.config.token
-        authed = token is None or conn.peer_header(P.H_TOKEN) == token.encode()
+        try:
+            grant: Grant | P.Unauthenticated = self.access.authenticate(conn.peer_header(P.H_TOKEN))
+        except P.Unauthenticated as refused:
+            grant = refused
         session = Session(self.config.max_requests, self.config.max_scans)
-        reading = asyncio.ensure_future(self._read_requests(entry, session, authed, conn))
+        reading = asyncio.ensure_future(self._read_requests(entry, session, grant, conn))
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
             await asyncio.wait([reading, closed], return_when=asyncio.FIRST_COMPLETED)
@@ -221,7 +245,11 @@ class DatasetService:
             self.observer.connection_closed(conn)
 
     async def _read_requests(
-        self, entry: Receiver[Any], session: Session, authed: bool, conn: Connection
+        self,
+        entry: Receiver[Any],
+        session: Session,
+        grant: Grant | P.Unauthenticated,
+        conn: Connection,
     ) -> None:
         """Start serving each request, while fewer than ``max_requests`` are in flight."""
         while True:
@@ -235,11 +263,15 @@ class DatasetService:
                 session.slots.release()
                 log.warning("dropped a request that did not decode: %s", exc)
                 continue
-            serve = partial(self._request, request, authed, session, conn)
+            serve = partial(self._request, request, grant, session, conn)
             session.start(self.observer.observe(request, conn, serve))
 
     async def _request(
-        self, req: Any, authed: bool, session: Session, conn: Connection | None = None
+        self,
+        req: Any,
+        grant: Grant | P.Unauthenticated,
+        session: Session,
+        conn: Connection | None = None,
     ) -> None:
         try:
             if isinstance(req, _Malformed):
@@ -251,12 +283,8 @@ class DatasetService:
                 )
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
-            if not authed:
-                raise P.Unauthenticated(
-                    "this service requires a token: set the 'token' option (or AQUEDUCT_TOKEN) "
-                    "to the one the service was started with"
-                )
             op = req["op"]
+            grant = _authorize(grant, op, req)
             if op not in REPLAY_SAFE and conn is not None:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.
@@ -269,6 +297,10 @@ class DatasetService:
                 await self._subscribe(req, session)
             elif op in self._ops:
                 result = await self._pool.run(session, self._ops[op], req)
+                if op == "list":  # only the datasets this token may read
+                    result["datasets"] = [
+                        d for d in result["datasets"] if grant.may_read(d["name"])
+                    ]
                 self._reply(req, P.ok(result))
                 if op in COMMITTING and result.get("committed"):
                     committed()

@@ -1,5 +1,9 @@
 """Checks ``aqueduct serve`` makes before it announces itself: the root is reachable and
-writable, and the port is not another service's.
+writable, the port is not another service's, and a service other machines can reach has a
+token (or was told explicitly to serve without one).
+
+Raise :class:`StartupError` for any such mistake: ``aqueduct serve`` prints its message as
+``aqueduct serve: <message>`` and exits with status 2, before anything listens.
 
 :func:`check_root` writes a probe object under the root and deletes it, so a bucket that
 does not exist, credentials the store refuses, an endpoint nobody answers on or a root the
@@ -20,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
+import logging
 import os
 import re
 import socket
@@ -31,6 +37,8 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
+
+log = logging.getLogger("aqueduct.service")
 
 PROBE_PREFIX = ".aqueduct-probe-"
 
@@ -105,6 +113,11 @@ def root_problem(exc: BaseException) -> str:
 
 
 def _check_local(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StartupError(
+            f"the root {path} is a file, not a directory: give a directory as --root (it is "
+            "created if missing)"
+        )
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)
@@ -189,3 +202,70 @@ def _probe_port(host: str, port: int, transport: str) -> None:
                     "stop it, or choose another --port"
                 ) from exc
             raise StartupError(f"cannot listen on {host} port {port} ({proto}): {exc}") from exc
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` reaches this machine only (``127.0.0.1``, ``::1``, ``localhost``,
+    or a name that resolves to loopback addresses only)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False  # it will fail to bind anyway, and then says so
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def check_exposure(host: str, port: int, requires_token: bool, allow_anonymous: bool) -> None:
+    """Refuse to serve beyond this machine with no token unless told so explicitly; when told,
+    warn that anyone who reaches the port may do anything."""
+    if requires_token or is_loopback(host):
+        return
+    if not allow_anonymous:
+        raise StartupError(
+            f"--host {host} accepts clients from other machines, and no token is set, so "
+            f"anyone who can reach port {port} could read, write and drop every dataset: "
+            "give --token (or [[tokens]] in the --config file), or --allow-anonymous "
+            "(allow_anonymous = true) to serve without one"
+        )
+    log.warning(
+        "serving on %s with no token (--allow-anonymous): anyone who can reach port %s can "
+        "read, write and drop every dataset",
+        host,
+        port,
+    )
+
+
+def listen_error(exc: OSError, host: str, port: int, proto: str = "") -> StartupError:
+    """The startup error for a failed bind: what is wrong with ``--host``/``--port``."""
+    where = f"{proto} port {port}".strip() if proto else f"port {port}"
+    if exc.errno == errno.EADDRINUSE:
+        return StartupError(
+            f"{where} on {host} is in use (another aqueduct serve?): stop that service, or "
+            "choose another --port (0 picks a free one)"
+        )
+    if exc.errno == errno.EACCES:
+        return StartupError(
+            f"no permission to listen on {where} of {host}: ports below 1024 need privileges; "
+            "choose --port 1024 or above"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+        return StartupError(
+            f"--host {host} is not an address of this machine: give one of its addresses, "
+            "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        )
+    return StartupError(f"cannot listen on {host} {where}: {exc.strerror or exc}")
+
+
+def warn_if_readable(path: str) -> None:
+    """A configuration file that holds tokens should be readable by its owner only."""
+    mode = os.stat(path).st_mode
+    if mode & 0o077:
+        log.warning(
+            "%s holds tokens and other users may read it (mode %o): chmod 600 %s",
+            path,
+            mode & 0o777,
+            path,
+        )

@@ -1,0 +1,115 @@
+"""The ``aqueduct`` command as a user runs it: real processes, real shell pipes, against a real
+service (``--version``, ``--json``, ``-q``, a closed pipe, ``export``'s temporary file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import ServiceProcess
+
+pytestmark = pytest.mark.quic
+
+AQUEDUCT = f"{shlex.quote(sys.executable)} -m aqueduct_spark.cli"
+
+
+def shell(script: str, svc: ServiceProcess | None = None, **kw: Any) -> Any:
+    """Run ``script`` in bash (``aqueduct`` is this checkout's CLI), pointed at ``svc``."""
+    env = {**os.environ, "AQUEDUCT_TOKEN": ""}
+    if svc is not None:
+        env.update(AQUEDUCT_URL=svc.url, AQUEDUCT_FINGERPRINT=svc.fingerprint)
+    script = f'aqueduct() {{ {AQUEDUCT} "$@"; }}\n{script}'
+    return subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, **kw
+    )
+
+
+def test_version() -> None:
+    done = shell("aqueduct --version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("aqueduct 0.") and "Python 3." in done.stdout
+
+
+def test_ls_json_goes_through_json_tool(service: ServiceProcess) -> None:
+    service.client().overwrite("json_ls", pa.table({"id": [1, 2, 3]}))
+    done = shell("aqueduct ls --json | python3 -m json.tool; echo status ${PIPESTATUS[*]}", service)
+    assert done.stdout.rstrip().endswith("status 0 0"), done.stderr
+    listed = json.loads(done.stdout.rsplit("status", 1)[0])
+    (entry,) = [d for d in listed if d["name"] == "json_ls"]
+    assert entry["rows"] == 3 and entry["schema"] == [
+        {"name": "id", "type": "int64", "nullable": True}
+    ]
+    history = shell("aqueduct history json_ls --json", service)
+    assert json.loads(history.stdout)[0]["version"] == 0
+
+
+def test_cat_into_head_exits_cleanly(service: ServiceProcess) -> None:
+    """``head`` closes the pipe after one line, long before ``cat`` is done."""
+    n = 200_000
+    service.client().overwrite("piped", pa.table({"id": pa.array(range(n), pa.int64())}))
+    for fmt in ("json", "csv", "table"):
+        done = shell(
+            f"aqueduct cat piped --format {fmt} | head -1; echo status ${{PIPESTATUS[*]}}",
+            service,
+        )
+        first, status = done.stdout.splitlines()
+        assert status == "status 0 0", (fmt, done.stderr)
+        assert done.stderr == "", fmt  # no BrokenPipeError, no "Exception ignored"
+        assert first in ('{"id": 0}', '"id"', "pyarrow.Table")
+
+
+def test_quiet_shows_no_progress_bar(service: ServiceProcess, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "in.parquet")
+    loud = shell(f"aqueduct import loud {tmp_path / 'in.parquet'}", service)
+    assert loud.returncode == 0 and "rows" in loud.stderr  # the progress bar
+    quiet = shell(f"aqueduct import quiet {tmp_path / 'in.parquet'} -q", service)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert "quiet: version 0, +10 rows" in quiet.stdout
+
+
+def test_export_never_overwrites_unasked_and_leaves_no_partial_file(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    service.client().overwrite("exported", pa.table({"id": list(range(1000))}))
+    out = tmp_path / "out.parquet"
+    out.write_text("precious")
+    refused = shell(f"aqueduct export exported {out}", service)
+    assert refused.returncode == 2
+    assert "exists: give --force to replace it" in refused.stderr
+    assert out.read_text() == "precious"
+    forced = shell(f"aqueduct export exported {out} --force -q", service)
+    assert forced.returncode == 0, forced.stderr
+    assert pq.read_table(out).num_rows == 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet"]
+
+
+def test_an_interrupted_export_leaves_nothing(service: ServiceProcess, tmp_path: Path) -> None:
+    n = 500_000
+    service.client().overwrite("big", pa.table({"id": pa.array(range(n), pa.int64())}))
+    out = tmp_path / "big.parquet"
+    env = {**os.environ, "AQUEDUCT_URL": service.url, "AQUEDUCT_FINGERPRINT": service.fingerprint}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aqueduct_spark.cli", "export", "big", str(out), "-q"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not any(tmp_path.glob(".big.parquet.*.part")):  # the export is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert list(tmp_path.iterdir()) == []

@@ -79,11 +79,12 @@ def start_service(
     backend: str = "auto",
     args: Sequence[str] = (),
     log: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> ServiceProcess:
     """Run ``aqueduct serve`` on loopback and wait for its ready line. ``root`` is a
     directory or a URI (``SeaweedS3.root``, with ``args=store.serve_args()``); ``args`` are
     more ``serve`` flags (``["--max-scans", "2"]``); ``log`` is a file for its log (stderr),
-    which is otherwise this process's stderr."""
+    which is otherwise this process's stderr; ``env`` more environment variables."""
     cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
     cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend, *args]
     if token:
@@ -94,7 +95,7 @@ def start_service(
             stdout=subprocess.PIPE,
             stderr=stderr if log else None,
             text=True,
-            env={**os.environ, "AQUEDUCT_TOKEN": ""},
+            env={**os.environ, "AQUEDUCT_TOKEN": "", **(env or {})},
         )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60

@@ -15,11 +15,9 @@ deltalake (1.6) behaviours worked around here:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -33,7 +31,6 @@ from aqueduct_spark.protocol import (
     CommitResult,
     Conflict,
     DatasetExists,
-    InternalError,
     InvalidRequest,
     SchemaMismatch,
     StagedFile,
@@ -42,14 +39,18 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import delta_log, delta_types, predicates, staging
+from . import delta_types, group_commit, predicates, staging
 from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
+from .group_commit import METADATA_KEY as METADATA_KEY
+from .group_commit import already_applied as _already_applied
+from .group_commit import backoff
+from .group_commit import commit_meta as commit_meta
+from .group_commit import find_commit as _find_commit
 from .tables import Tables, delta_error
 
 MODES = ("append", "overwrite", "create")
-METADATA_KEY = "aqueduct"  # our key in each commit's commitInfo
-_APPEND_ATTEMPTS = 3
+_APPEND_ATTEMPTS = group_commit.APPEND_ATTEMPTS
 
 
 def check_mode(mode: str) -> None:
@@ -238,7 +239,9 @@ def commit(
     commit_id = uuid.uuid4().hex
     fs = tables.filesystem(name, create=True)
     failure: CommitFailedError | None = None
-    for _ in range(_APPEND_ATTEMPTS):
+    for attempt in range(_APPEND_ATTEMPTS):
+        if failure is not None:
+            time.sleep(backoff(attempt))
         if not tables.exists(name):
             parts = staging.check_partition_by(given, partition_by)
             adds = staging.verify_staged(name, fs, files, given, parts, set())
@@ -295,6 +298,16 @@ def commit(
                 TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True
             )
             table = tables.open_table(name)
+        if mode == "append" and not merge_schema and group_commit.enabled():
+            # checked here, in this writer's thread; committed with whatever else is queued
+            adds = staging.verify_staged(name, fs, files, write_schema, table_parts, set())
+            append = group_commit.Append(adds, write_schema, table_parts, app_id, app_version)
+            return group_commit.GROUPS.submit(
+                (tables.root, name),
+                append,
+                lambda b: group_commit.commit_appends(tables, name, b),
+                app_id,
+            )
         active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
         adds = staging.verify_staged(name, fs, files, write_schema, table_parts, active)
         meta = commit_meta(mode, adds, commit_id)
@@ -423,38 +436,3 @@ def _replaced(
         return None
     now = int(time.time() * 1000)
     return [RemoveAction(p, True, now, size) for p, size in sorted(base.items())]
-
-
-def _find_commit(tables: Tables, name: str, before: int, commit_id: str) -> int:
-    """The version our commit landed at (after deltalake's retries, maybe much later)."""
-    fs = tables.filesystem(name)
-    later = [v for v in sorted(delta_log.commit_times(fs)) if v > before]
-    for v, actions in zip(later, delta_log.read_logs(fs, later), strict=True):
-        meta = delta_log.commit_info(actions).get(METADATA_KEY)
-        if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
-            return v
-    raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
-
-
-def _already_applied(
-    table: DeltaTable, app_id: str | None, app_version: int | None
-) -> CommitResult | None:
-    if app_id is None or app_version is None:
-        return None
-    last = table.transaction_version(app_id)
-    if last is not None and last >= app_version:
-        return CommitResult(table.version(), 0, 0, 0, False)
-    return None
-
-
-def commit_meta(mode: str, adds: Sequence[AddAction], commit_id: str = "") -> dict[str, Any]:
-    """What a commit records about itself: for history(), and to find its version."""
-    return {
-        "commit_id": commit_id or uuid.uuid4().hex,
-        "mode": mode,
-        "rows": sum(int(json.loads(a.stats)["numRecords"]) for a in adds),
-        "bytes": sum(a.size for a in adds),
-        "files": len(adds),
-        "data_change": bool(adds) or mode == "overwrite",
-        "txns": sorted({t for t in (staging.staged_txn(a.path) for a in adds) if t}),
-    }

@@ -1,0 +1,294 @@
+"""Group commit: concurrent appends to one dataset inside a process share one Delta commit.
+
+A Delta commit on an object store costs a few round trips (read the log's tail, a conditional
+put of the next version, find the version landed at), and writers of one table take turns
+at it: commits per second, not rows, are the ceiling when many small appends arrive at once.
+Here the first writer to arrive becomes the *leader* and commits what every writer queued
+behind it meanwhile, in one commit; the others wait for that commit's outcome, each told its
+own (its rows, the version, or its own error). When the leader is done, the first waiter
+still queued leads the next batch. A writer alone commits at once, as before: nothing waits
+for company.
+
+Each writer's checks run in its own thread before it queues; what the batch adds to them
+(app transactions already applied, files already committed, a schema changed meanwhile) is
+decided per writer by the batch's commit function, so one writer's failure never fails
+another's append. Two writers with the same ``unique`` key (an app id: Delta allows one
+``txn`` action per app in a commit) never share a batch.
+
+``AQUEDUCT_GROUP_COMMIT=0`` in the service's environment turns grouping off (every append
+commits on its own: the baseline of ``benchmarks/bench_commits.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction
+
+from aqueduct_spark.protocol import CommitResult, Conflict, InternalError, InvalidRequest
+
+from . import delta_log, staging
+from .tables import Tables, delta_error
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MAX_BATCH = 64
+"""Appends one commit takes at most (their files all go into one log entry)."""
+METADATA_KEY = "aqueduct"  # our key in each commit's commitInfo
+APPEND_ATTEMPTS = 6
+_BACKOFF_BASE = 0.05  # seconds; doubled per attempt, capped, fully jittered
+_BACKOFF_CAP = 2.0
+
+
+def enabled() -> bool:
+    return os.environ.get("AQUEDUCT_GROUP_COMMIT", "1").strip().lower() not in ("0", "off", "no")
+
+
+@dataclass(eq=False)
+class _Waiter(Generic[T]):
+    item: T
+    key: Hashable | None
+    done: bool = False
+    outcome: Any = None
+
+
+@dataclass(eq=False)
+class _Group:
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    queue: list[_Waiter[Any]] = field(default_factory=list)
+    busy: bool = False  # a leader is committing a batch
+    users: int = 0
+
+
+class Groups:
+    """One queue per key (a dataset of one root); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[Hashable, _Group] = {}
+        self.batches = 0  # commits made (for tests and benchmarks)
+        self.grouped = 0  # appends that shared a commit with another
+
+    def submit(
+        self,
+        key: Hashable,
+        item: T,
+        commit: Callable[[list[T]], list[R | Exception]],
+        unique: Hashable | None = None,
+    ) -> R:
+        """Queue ``item`` and return its outcome (or raise its error). ``commit(batch)``
+        runs in the leader's thread and returns one outcome per item, in order."""
+        with self._lock:
+            group = self._groups.setdefault(key, _Group())
+            group.users += 1
+        waiter = _Waiter(item, unique)
+        try:
+            with group.cond:
+                group.queue.append(waiter)
+                while not waiter.done:
+                    if group.busy:
+                        group.cond.wait()
+                        continue
+                    batch = self._take(group)
+                    group.busy = True
+                    group.cond.release()
+                    try:
+                        self._run(batch, commit)
+                    finally:
+                        group.cond.acquire()
+                        group.busy = False
+                        group.cond.notify_all()
+        finally:
+            with self._lock:
+                group.users -= 1
+                if not group.users:
+                    del self._groups[key]
+        if isinstance(waiter.outcome, Exception):
+            raise waiter.outcome
+        result: R = waiter.outcome
+        return result
+
+    @staticmethod
+    def _take(group: _Group) -> list[_Waiter[Any]]:
+        batch: list[_Waiter[Any]] = []
+        keys: set[Hashable] = set()
+        rest: list[_Waiter[Any]] = []
+        for w in group.queue:
+            if len(batch) >= MAX_BATCH or (w.key is not None and w.key in keys):
+                rest.append(w)  # the next batch
+                continue
+            batch.append(w)
+            if w.key is not None:
+                keys.add(w.key)
+        group.queue[:] = rest
+        return batch
+
+    def _run(self, batch: list[_Waiter[Any]], commit: Callable[[list[Any]], list[Any]]) -> None:
+        try:
+            outcomes = commit([w.item for w in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"group commit: {len(outcomes)} outcomes for {len(batch)}")
+        except Exception as exc:  # every waiter hears it, none waits forever
+            outcomes = [exc] * len(batch)
+        for w, outcome in zip(batch, outcomes, strict=True):
+            w.outcome = outcome
+            w.done = True
+        with self._lock:
+            self.batches += 1
+            if len(batch) > 1:
+                self.grouped += len(batch)
+
+
+GROUPS = Groups()
+"""The process's queues: every Store of one root shares them."""
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (1, 2, ...) of a commit that lost to others:
+    "full jitter", so writers that collided spread out instead of colliding again."""
+    return random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt))
+
+
+@dataclass(frozen=True)
+class Append:
+    """One writer's checked append, waiting for a group commit."""
+
+    adds: list[AddAction]
+    schema: pa.Schema
+    parts: tuple[str, ...]
+    app_id: str | None
+    app_version: int | None
+
+
+def commit_appends(
+    tables: Tables, name: str, batch: list[Append]
+) -> list[CommitResult | Exception]:
+    """Commit the appends of several writers as one Delta commit; each gets its own outcome.
+
+    Per writer: an app transaction already applied is ``committed=False`` and left out, a
+    file already committed or a schema changed meanwhile fails that writer alone. A commit
+    that loses to concurrent ones (beyond what deltalake's own retries rebase) is retried
+    with jittered backoff; after the last attempt every writer left gets :class:`Conflict`.
+    """
+    out: dict[int, CommitResult | Exception] = {}
+    group_id = uuid.uuid4().hex
+    failure: CommitFailedError | None = None
+    for attempt in range(APPEND_ATTEMPTS):
+        if failure is not None:
+            time.sleep(backoff(attempt))
+        table = tables.open_table(name)
+        current = pa.schema(table.schema().to_arrow())
+        parts = tuple(table.metadata().partition_columns)
+        paths = pa.table(table.get_add_actions()).column("path").to_pylist()
+        active = {unquote(p) for p in paths}
+        live = []
+        for i, append in enumerate(batch):
+            if i in out:
+                continue
+            done = already_applied(table, append.app_id, append.app_version)
+            if done is not None:
+                out[i] = done
+            elif append.schema != current or append.parts != parts:
+                out[i] = Conflict(
+                    f"the schema of dataset {name!r} changed while the append waited to "
+                    "commit; its staged files are kept: check the schema, stage again"
+                )
+            elif any(a.path in active for a in append.adds):
+                out[i] = InvalidRequest(
+                    f"staged files of this append are already part of dataset {name!r}; a "
+                    "commit can only be repeated safely with an app_id and app_version"
+                )
+            else:
+                live.append(i)
+        if not live:
+            break
+        adds: list[AddAction | RemoveAction] = [a for i in live for a in batch[i].adds]
+        meta = {**commit_meta("append", batch[live[0]].adds, group_id), "writers": len(live)}
+        for i in live[1:]:
+            own = commit_meta("append", batch[i].adds)
+            meta.update({k: meta[k] + own[k] for k in ("rows", "bytes", "files")})
+            meta["txns"] = sorted({*meta["txns"], *own["txns"]})
+        meta["data_change"] = bool(adds)
+        txns = [
+            Transaction(a.app_id, a.app_version)
+            for a in (batch[i] for i in live)
+            if a.app_id is not None and a.app_version is not None
+        ]
+        before = table.version()
+        try:
+            table.create_write_transaction(
+                adds,
+                mode="append",
+                schema=DeltaSchema.from_arrow(current),
+                partition_by=list(parts),
+                commit_properties=CommitProperties(
+                    custom_metadata={METADATA_KEY: meta}, app_transactions=txns or None
+                ),
+                post_commithook_properties=tables.commit_hooks,
+            )
+        except CommitFailedError as exc:
+            failure = exc  # an append rebases onto anything: reload, check again, retry
+            continue
+        except DeltaError as exc:
+            error = delta_error(name, exc)
+            out.update((i, error) for i in live)
+            break
+        version = find_commit(tables, name, before, group_id)
+        for i in live:
+            own = commit_meta("append", batch[i].adds, group_id)
+            out[i] = CommitResult(version, own["rows"], own["bytes"], own["files"], True)
+        break
+    conflict = Conflict(
+        f"the append to dataset {name!r} conflicted with concurrent commits "
+        f"{APPEND_ATTEMPTS} times ({failure}); its staged files are kept: retry the commit"
+    )
+    return [out.get(i, conflict) for i in range(len(batch))]
+
+
+def find_commit(tables: Tables, name: str, before: int, commit_id: str) -> int:
+    """The version our commit landed at (after deltalake's retries, maybe much later)."""
+    fs = tables.filesystem(name)
+    later = [v for v in sorted(delta_log.commit_times(fs)) if v > before]
+    for v, actions in zip(later, delta_log.read_logs(fs, later), strict=True):
+        meta = delta_log.commit_info(actions).get(METADATA_KEY)
+        if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
+            return v
+    raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
+
+
+def already_applied(
+    table: DeltaTable, app_id: str | None, app_version: int | None
+) -> CommitResult | None:
+    if app_id is None or app_version is None:
+        return None
+    last = table.transaction_version(app_id)
+    if last is not None and last >= app_version:
+        return CommitResult(table.version(), 0, 0, 0, False)
+    return None
+
+
+def commit_meta(mode: str, adds: Sequence[AddAction], commit_id: str = "") -> dict[str, Any]:
+    """What a commit records about itself: for history(), and to find its version."""
+    return {
+        "commit_id": commit_id or uuid.uuid4().hex,
+        "mode": mode,
+        "rows": sum(int(json.loads(a.stats)["numRecords"]) for a in adds),
+        "bytes": sum(a.size for a in adds),
+        "files": len(adds),
+        "data_change": bool(adds) or mode == "overwrite",
+        "txns": sorted({t for t in (staging.staged_txn(a.path) for a in adds) if t}),
+    }

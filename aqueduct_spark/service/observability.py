@@ -244,6 +244,14 @@ def committed() -> None:
         record.observer.metrics.commits.inc()
 
 
+@dataclass
+class _Opened:
+    """An open connection's own counts, for its closing log line."""
+
+    at: float = field(default_factory=time.monotonic)
+    requests: int = 0
+
+
 class _StallCollector:
     """``aqueduct_flow_control_stalls_total``, read from the engines when scraped: the
     engine is sans-IO and only counts; the connections closed so far are kept as a sum."""
@@ -276,7 +284,7 @@ class Observer:
         """The service's operations: label values; anything else a client sends is counted
         as ``unknown``, so a client cannot make the metrics grow without bound."""
         self.started = time.monotonic()
-        self._live: set[Connection] = set()
+        self._live: dict[Connection, _Opened] = {}
         self._closed_stalls = (0, 0)
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.metrics.registry.register(_StallCollector(self))
@@ -295,7 +303,7 @@ class Observer:
         return credit, transport
 
     def connection_opened(self, conn: Connection) -> None:
-        self._live.add(conn)
+        self._live[conn] = _Opened()
         self.metrics.connections_open.inc()
         self.metrics.connections.labels(conn.transport).inc()
         log.info(
@@ -304,14 +312,20 @@ class Observer:
         )
 
     def connection_closed(self, conn: Connection) -> None:
-        if conn not in self._live:
+        opened = self._live.pop(conn, None)
+        if opened is None:
             return
-        self._live.discard(conn)
         s = conn.flow_stalls()
         credit, transport = self._closed_stalls
         self._closed_stalls = (credit + s.credit, transport + s.transport)
         self.metrics.connections_open.dec()
-        log.info("connection closed", extra={"fields": {"peer": peer_text(conn.peer)}})
+        fields = {
+            "peer": peer_text(conn.peer),
+            "requests": opened.requests,
+            "duration_s": round(time.monotonic() - opened.at, 3),
+            "credit_stalls": s.credit,
+        }
+        log.info("connection closed", extra={"fields": fields})
 
     async def observe(
         self, req: Any, conn: Connection | None, serve: Callable[[], Awaitable[None]]
@@ -330,6 +344,9 @@ class Observer:
             op if isinstance(op, str) else "-",
             dataset if isinstance(dataset, str) else None,
         )
+        opened = self._live.get(conn) if conn is not None else None
+        if opened is not None:
+            opened.requests += 1
         token = _current.set(record)
         self.metrics.requests_in_flight.inc()
         outcome = "cancelled"  # unless it ends otherwise: its connection closed under it

@@ -72,19 +72,19 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def access_lines(log: Path) -> list[dict[str, Any]]:
+def log_lines(log: Path, logger: str) -> list[dict[str, Any]]:
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
-    return [x for x in lines if x["logger"] == "aqueduct.access"]
+    return [x for x in lines if x["logger"] == logger]
 
 
-def wait_for_line(log: Path, **match: Any) -> dict[str, Any]:
-    """The access line with these fields (it is written as the request ends)."""
+def wait_for_line(log: Path, logger: str = "aqueduct.access", **match: Any) -> dict[str, Any]:
+    """The line with these fields (an access line is written as the request ends)."""
     deadline = time.monotonic() + 10
     while True:
-        for line in access_lines(log):
+        for line in log_lines(log, logger):
             if all(line.get(k) == v for k, v in match.items()):
                 return line
-        assert time.monotonic() < deadline, f"no access line with {match}"
+        assert time.monotonic() < deadline, f"no {logger} line with {match}"
         time.sleep(0.05)
 
 
@@ -180,10 +180,16 @@ def test_access_lines_carry_the_fields_and_outcome(
     missing = wait_for_line(log, op="describe", dataset="observed_missing")
     assert missing["outcome"] == "not_found" and "does not exist" in missing["error"]
 
+    stranger = svc.client(token=WRONG)
     with pytest.raises(P.Unauthenticated):
-        svc.client(token=WRONG).list()
+        stranger.list()
     refused = wait_for_line(log, op="list", outcome="unauthenticated")
     assert refused["level"] == "warning" and refused["rows"] == 0
+    opened = wait_for_line(log, "aqueduct.service", msg="connection opened", peer=refused["peer"])
+    assert opened["transport"] in ("quic", "tcp")
+    stranger.close()
+    closed = wait_for_line(log, "aqueduct.service", msg="connection closed", peer=refused["peer"])
+    assert closed["requests"] == 1 and closed["duration_s"] >= 0
     assert value(
         scrape(base), "aqueduct_requests_total", operation="list", outcome="unauthenticated"
     )

@@ -203,6 +203,8 @@ class RequestRecord:
     peer: str
     op: str
     dataset: str | None
+    user: str | None = None
+    """The name of the connection's token grant (``[[tokens]]`` ``name``), never the token."""
     started: float = field(default_factory=time.monotonic)
     rows: int = 0
     bytes: int = 0
@@ -248,6 +250,7 @@ def committed() -> None:
 class _Opened:
     """An open connection's own counts, for its closing log line."""
 
+    user: str | None = None
     at: float = field(default_factory=time.monotonic)
     requests: int = 0
 
@@ -302,14 +305,13 @@ class Observer:
             transport += s.transport
         return credit, transport
 
-    def connection_opened(self, conn: Connection) -> None:
-        self._live[conn] = _Opened()
+    def connection_opened(self, conn: Connection, user: str | None = None) -> None:
+        """``user``: the name of the token's grant (never the token); None: not known."""
+        self._live[conn] = _Opened(user)
         self.metrics.connections_open.inc()
         self.metrics.connections.labels(conn.transport).inc()
-        log.info(
-            "connection opened",
-            extra={"fields": {"peer": peer_text(conn.peer), "transport": conn.transport}},
-        )
+        fields = {"peer": peer_text(conn.peer), "user": user or "-", "transport": conn.transport}
+        log.info("connection opened", extra={"fields": fields})
 
     def connection_closed(self, conn: Connection) -> None:
         opened = self._live.pop(conn, None)
@@ -347,6 +349,7 @@ class Observer:
         opened = self._live.get(conn) if conn is not None else None
         if opened is not None:
             opened.requests += 1
+            record.user = opened.user
         token = _current.set(record)
         self.metrics.requests_in_flight.inc()
         outcome = "cancelled"  # unless it ends otherwise: its connection closed under it
@@ -375,6 +378,7 @@ class Observer:
             return
         fields: dict[str, Any] = {
             "peer": record.peer,
+            "user": record.user or "-",
             "op": record.op,
             "dataset": record.dataset or "-",
             "rows": record.rows,

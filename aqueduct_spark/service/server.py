@@ -218,11 +218,11 @@ class DatasetService:
         return {"cbor": _RequestCodec((Handle,)), "raw": RawCodec()}
 
     async def handle(self, conn: Connection, entry: Receiver[Any]) -> None:
-        self.observer.connection_opened(conn)
         try:
             grant: Grant | P.Unauthenticated = self.access.authenticate(conn.peer_header(P.H_TOKEN))
         except P.Unauthenticated as refused:
             grant = refused
+        self.observer.connection_opened(conn, grant.name if isinstance(grant, Grant) else None)
         session = Session(self.config.max_requests, self.config.max_scans)
         reading = asyncio.ensure_future(self._read_requests(entry, session, grant, conn))
         closed = asyncio.ensure_future(conn.wait_closed())

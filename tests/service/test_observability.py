@@ -171,6 +171,7 @@ def test_access_lines_carry_the_fields_and_outcome(
     assert line["rows"] == 500 and line["bytes"] > 0
     assert isinstance(line["duration_ms"], int | float) and line["duration_ms"] >= 0
     assert re.fullmatch(r"127\.0\.0\.1:\d+", line["peer"]), line["peer"]
+    assert line["user"] == "the --token token"  # the grant's name, never the token
     assert line["msg"] == "request" and re.fullmatch(r"\d{4}-.*T.*Z", line["ts"])
     commit = wait_for_line(log, op="commit", dataset="observed_access")
     assert commit["outcome"] == "ok"
@@ -184,7 +185,7 @@ def test_access_lines_carry_the_fields_and_outcome(
     with pytest.raises(P.Unauthenticated):
         stranger.list()
     refused = wait_for_line(log, op="list", outcome="unauthenticated")
-    assert refused["level"] == "warning" and refused["rows"] == 0
+    assert refused["level"] == "warning" and refused["rows"] == 0 and refused["user"] == "-"
     opened = wait_for_line(log, "aqueduct.service", msg="connection opened", peer=refused["peer"])
     assert opened["transport"] in ("quic", "tcp")
     stranger.close()

@@ -103,9 +103,11 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
     return P.InternalError(f"the service failed: {type(exc).__name__}: {exc}")
 
 
-def _authorize(grant: Grant | P.Unauthenticated, op: str, req: dict[str, Any]) -> Grant:
-    """The grant that allows this request; a refusal is raised and logged (with the token's
-    name, never the token)."""
+def _authorize(
+    grant: Grant | P.Unauthenticated, op: str, req: dict[str, Any], conn: Connection | None
+) -> Grant:
+    """The grant that allows this request; a refusal is raised and logged with the client's
+    address and the token's name, never the token."""
     split = req.get("split")
     dataset = split.get("dataset") if op == "scan" and isinstance(split, dict) else None
     dataset = dataset if isinstance(dataset, str) else req.get("dataset")
@@ -115,7 +117,9 @@ def _authorize(grant: Grant | P.Unauthenticated, op: str, req: dict[str, Any]) -
             raise P.Unauthenticated(grant.message)
         grant.check(op, dataset)
     except (P.Unauthenticated, P.PermissionDenied) as refused:
-        log.warning("refused %s of %s: %s", op, dataset or "the service", refused.message)
+        peer = conn.peer[0] if conn is not None and conn.peer else "?"
+        what = f"{op} of {dataset}" if dataset else op
+        log.warning("refused %s from %s: %s", what, peer, refused.message)
         raise
     return grant
 
@@ -284,7 +288,7 @@ class DatasetService:
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
             op = req["op"]
-            grant = _authorize(grant, op, req)
+            grant = _authorize(grant, op, req, conn)
             if op not in REPLAY_SAFE and conn is not None:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.

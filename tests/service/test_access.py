@@ -72,7 +72,7 @@ def test_a_read_only_token_reads_and_cannot_write(guarded: Any) -> None:
         reader.create("fresh", rows(0).schema)
     assert svc.client(token=RW).read("trips").num_rows == 5  # nothing was written
     text = log.read_text()
-    assert "refused drop of trips: analysts may only read" in text
+    assert "refused drop of trips from 127.0.0.1: analysts may only read" in text
     assert RO not in text and RW not in text  # names in the log, never tokens
 
 

@@ -292,6 +292,7 @@ NON_CLASS_SECTIONS = {
     "UNSUPPORTED_DATA_SOURCE_SAVE_MODE": "spark",
     "DATA_SOURCE_PUSHDOWN_DISABLED": "spark",
     "DATA_SOURCE_NOT_FOUND": "spark",
+    "The provided partitioning does not match": "",
     "Filters not pushed to the service": "",
     "ModuleNotFoundError on Spark workers": "",
     "Java is missing": "",

@@ -27,6 +27,7 @@ from aqueduct_core.engine.config import DEFAULT_WINDOW
 from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_spark.client import Client, ClientConfig, parse_url
+from aqueduct_spark.datasource.delta_names import DELTA_ANSWERS
 
 
 class OptionError(AqueductError, ValueError):
@@ -179,13 +180,41 @@ OPTIONS: tuple[Option, ...] = (
         "partitionBy",
         "none",
         "write",
-        "Comma-separated partition columns, used when the write creates the dataset.",
+        "Comma-separated partition columns, used when the write creates the dataset (Spark "
+        "does not pass on `DataFrameWriter.partitionBy`).",
     ),
     Option(
         "overwriteSchema",
         "false",
         "write",
         "With mode overwrite, allow replacing the dataset's schema.",
+    ),
+    Option(
+        "mergeSchema",
+        "false",
+        "write",
+        "Let the data add columns to the dataset (nullable, at the end) and lack nullable "
+        "ones; types cannot change. See [Replacing and merging](#replacing-and-merging).",
+    ),
+    Option(
+        "replaceWhere",
+        "none",
+        "write",
+        "With mode overwrite (batch), replace only the rows matching this SQL condition, "
+        "e.g. `day >= '2026-01-01'`, in one commit; every row written must match it.",
+    ),
+    Option(
+        "txnAppId",
+        "none",
+        "write",
+        "With txnVersion (batch): an idempotent write. A write whose txnVersion is not above "
+        "the last one committed for this txnAppId commits nothing.",
+    ),
+    Option(
+        "txnVersion",
+        "none",
+        "write",
+        "The version of this write for txnAppId: a whole number, increasing per write.",
     ),
     Option(
         "startingVersion",
@@ -355,6 +384,10 @@ class Options:
     push_down_predicate: bool
     partition_by: tuple[str, ...]
     overwrite_schema: bool
+    merge_schema: bool
+    replace_where: str | None
+    txn_app_id: str | None
+    txn_version: int | None
     starting_version: str
     starting_timestamp: dt.datetime | None
     max_rows_per_trigger: int | None
@@ -418,6 +451,11 @@ def parse(raw: Mapping[str, str]) -> Options:
         k = _ALIASES.get(key.lower(), key.lower())
         if k in _SPARK_KEYS:
             continue
+        if k not in _BY_KEY and k in DELTA_ANSWERS:
+            raise OptionError(
+                f"option {key!r} is Delta Lake's, not the aqueduct data source's: "
+                f"{DELTA_ANSWERS[k]}"
+            )
         if k not in _BY_KEY:
             names = {o.name.lower(): o.name for o in OPTIONS}
             close = [names[n] for n in difflib.get_close_matches(k, names, n=3, cutoff=0.7)]
@@ -465,6 +503,10 @@ def parse(raw: Mapping[str, str]) -> Options:
     starting = text("startingVersion").lower()
     if starting not in ("latest", "earliest"):
         parse_int("startingVersion", starting)
+    if (get("txnAppId") is None) != (get("txnVersion") is None):
+        raise OptionError(
+            "give txnAppId and txnVersion together (an idempotent write needs both), or neither"
+        )
     version = get("versionAsOf")
     timestamp = get("timestampAsOf")
     if version is not None and timestamp is not None:
@@ -504,6 +546,12 @@ def parse(raw: Mapping[str, str]) -> Options:
         push_down_predicate=parse_bool("pushDownPredicate", text("pushDownPredicate")),
         partition_by=split(get("partitionBy")) or (),
         overwrite_schema=parse_bool("overwriteSchema", text("overwriteSchema")),
+        merge_schema=parse_bool("mergeSchema", text("mergeSchema")),
+        replace_where=(get("replaceWhere") or "").strip() or None,
+        txn_app_id=get("txnAppId"),
+        txn_version=None
+        if get("txnVersion") is None
+        else parse_int("txnVersion", get("txnVersion") or ""),
         starting_version=starting,
         starting_timestamp=None
         if get("startingTimestamp") is None

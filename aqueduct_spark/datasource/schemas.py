@@ -30,10 +30,20 @@ def writable_arrow(schema: StructType) -> pa.Schema:
         "CalendarIntervalType": "e.g. a string",
         "NullType": "an all-null column still needs one: e.g. lit(None).cast('string')",
         "TimeType": "e.g. a string, or a long of microseconds since midnight",
-        "VariantType": "e.g. to_json(column), a string",
     }
 
     def check(t: Any, where: str) -> Any:
+        if isinstance(t, T.VariantType):
+            # Spark would hand it over as a struct of two binary columns, which would be
+            # stored as such: refused rather than silently changed
+            raise P.SchemaMismatch(
+                f"column {where!r} has Spark type variant, which the aqueduct service does not "
+                "store (it would become a struct of two binary columns); write it as JSON "
+                "text with to_json(...) and turn it back with parse_json(...) after reading"
+            )
+        return plain(t, where)
+
+    def plain(t: Any, where: str) -> Any:
         if isinstance(t, T.CharType | T.VarcharType):
             return T.StringType()  # stored as strings (pyspark has no Arrow type for them)
         hint = hints.get(type(t).__name__)

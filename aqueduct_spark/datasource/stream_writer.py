@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from aqueduct_spark.datasource.options import Options
+from aqueduct_spark.datasource.options import OptionError, Options
 from aqueduct_spark.datasource.schemas import writable_arrow
 
 log = logging.getLogger("aqueduct.stream")
@@ -63,13 +63,23 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
         self.opts = opts
         self.mode = "overwrite" if overwrite else "append"
         self.txn: Any = None
+        batch_only = [
+            n for n, v in (("replaceWhere", opts.replace_where), ("txnAppId", opts.txn_app_id)) if v
+        ]
+        if batch_only:
+            raise OptionError(
+                f"option {batch_only[0]!r} applies to batch writes only; a streaming write "
+                "commits each micro-batch once by itself (its checkpoint is the idempotency key)"
+            )
         if begin:
+            whole = overwrite or opts.overwrite_schema
             self.txn = opts.client().begin(
                 opts.dataset,
                 writable_arrow(schema),
                 mode=self.mode,
                 partition_by=opts.partition_by,
-                overwrite_schema=overwrite or opts.overwrite_schema,
+                overwrite_schema=whole,
+                merge_schema=opts.merge_schema and not whole,
             )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamStaged:

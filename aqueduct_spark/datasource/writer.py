@@ -40,6 +40,8 @@ class AqueductWriter(DataSourceArrowWriter):
             mode=self.mode,
             partition_by=opts.partition_by,
             overwrite_schema=opts.overwrite_schema,
+            merge_schema=opts.merge_schema,
+            replace_where=opts.replace_where,
         )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
@@ -55,7 +57,13 @@ class AqueductWriter(DataSourceArrowWriter):
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
         client = self.opts.client()
-        client.commit(self.txn, staged, overwrite_schema=self.opts.overwrite_schema)
+        client.commit(
+            self.txn,
+            staged,
+            overwrite_schema=self.opts.overwrite_schema,
+            app_id=self.opts.txn_app_id,  # Delta's txnAppId/txnVersion: an idempotent write
+            app_version=self.opts.txn_version,
+        )
         # Failed attempts of retried tasks staged files no commit references: remove them.
         client.abort(self.txn, [])
 

@@ -99,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ca = tls_dir / "ca.pem"
     port = args.port
     if args.workers > 1 and port == 0:
-        port = _free_udp_port(args.host)
+        port = _free_port(args.host, _transports(args.transport))
     # a port another service has is refused, even by --workers' SO_REUSEPORT; held till exit
     if port:
         startup.claim_port(args.host, port, _transports(args.transport))
@@ -376,7 +376,21 @@ def _free_tcp_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _free_udp_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def _free_port(host: str, transports: tuple[str, ...]) -> int:
+    """A port free for every transport: the workers of ``--port 0`` all need the same one,
+    so the kernel cannot pick it for them. A UDP port that is free may be taken on TCP (by
+    any connection's local end), so each candidate is tried on both."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        with socket.socket(family, socket.SOCK_DGRAM) as udp:
+            udp.bind((host, 0))
+            port = int(udp.getsockname()[1])
+            if "tcp" not in transports:
+                return port
+            with socket.socket(family, socket.SOCK_STREAM) as tcp:
+                try:
+                    tcp.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    raise StartupError(f"found no port free for both UDP and TCP on {host}: give --port")

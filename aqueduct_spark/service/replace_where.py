@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -29,8 +30,11 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from aqueduct_spark.protocol import Conflict, InvalidRequest
 
-from . import predicates, staging
+from . import predicates, scan, staging
 from .delta_stats import stats_from_metadata
+
+_THREADS = 8
+"""Data files read (and copied) at once: the work is I/O and Arrow, which release the GIL."""
 
 
 @dataclass
@@ -135,34 +139,45 @@ def replacement(
         return out
     expression = predicates.bind(text, schema)
     needed = sorted(predicates.columns(predicates.parse(text)))
-    files = pa.table(began.get_add_actions(flatten=False))
-    parts = files.column("partition").to_pylist() if partition_by else [{}] * files.num_rows
-    now = int(time.time() * 1000)
-    for raw, size, values in zip(
-        files.column("path").to_pylist(), files.column("size_bytes").to_pylist(), parts, strict=True
-    ):
-        path = unquote(raw)
+    files = pa.table(began.get_add_actions(flatten=True)).to_pylist()
+    # the log's statistics and partition values rule out most files without opening them
+    candidates = [files[i] for i in scan.prune(schema, partition_by, files, expression)]
+
+    def judge(f: dict[str, Any]) -> tuple[str, int, dict[str, Any], int, int]:
+        path = unquote(f["path"])
+        values = {c: f.get(f"partition.{c}") for c in partition_by}
         try:
             matching, rows = _matching(fs, path, schema, partition_by, values, expression, needed)
         except FileNotFoundError:
             matching, rows = -1, 0  # removed and vacuumed meanwhile: a conflict if it was ours
-        if matching == 0:
-            continue
-        if path not in active or matching < 0:
-            raise Conflict(
-                f"the replaceWhere overwrite of dataset {dataset!r} conflicted with a "
-                f"concurrent commit: {path!r}, which holds rows it replaces, was removed "
-                "meanwhile (another overwrite won); its staged files are kept: retry the "
-                "commit, or run the overwrite again"
-            )
-        out.removes.append(RemoveAction(path, True, now, int(size)))
-        if matching < rows:  # some rows stay: they go on in a copy without the others
-            try:
-                add = _rewrite(fs, path, schema, partition_by, expression, needed, values, txn)
-            except BaseException:
-                discard(fs, out.rewrites)
-                raise
-            out.rewrites.append(add)
+        return path, int(f["size_bytes"]), values, matching, rows
+
+    now = int(time.time() * 1000)
+    partial = []
+    with ThreadPoolExecutor(_THREADS) as pool:
+        for path, size, values, matching, rows in pool.map(judge, candidates):
+            if matching == 0:
+                continue
+            if path not in active or matching < 0:
+                raise Conflict(
+                    f"the replaceWhere overwrite of dataset {dataset!r} conflicted with a "
+                    f"concurrent commit: {path!r}, which holds rows it replaces, was removed "
+                    "meanwhile (another overwrite won); its staged files are kept: retry the "
+                    "commit, or run the overwrite again"
+                )
+            out.removes.append(RemoveAction(path, True, now, size))
+            if matching < rows:  # some rows stay: they go on in a copy without the others
+                partial.append((path, values))
+        copies = [
+            pool.submit(_rewrite, fs, path, schema, partition_by, expression, needed, values, txn)
+            for path, values in partial
+        ]
+        wait(copies)
+    out.rewrites = [c.result() for c in copies if c.exception() is None]
+    failed = [e for c in copies if (e := c.exception()) is not None]
+    if failed:
+        discard(fs, out.rewrites)
+        raise failed[0]
     return out
 
 

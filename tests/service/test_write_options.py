@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -93,27 +94,32 @@ def test_a_bad_replace_where_fails_at_begin(
             c.begin(name, pa.schema([("id", pa.int64())]), mode=mode, replace_where=where)
 
 
+ID = pa.schema([("id", pa.int64())])
+
+
+def _staged_replacement(c: Any, name: str) -> tuple[Any, dict[str, Any]]:
+    """Dataset ``name`` holding ids 1 and 2, and an overwrite of ``id >= 2`` with id 20,
+    staged and not yet committed."""
+    c.write(name, pa.table({"id": [1, 2]}, schema=ID))
+    txn = c.begin(name, ID, mode="overwrite", replace_where="id >= 2")
+    return txn, c.write_task(txn, [pa.record_batch({"id": [20]}, schema=ID)])
+
+
 def test_replace_where_keeps_an_append_committed_while_it_ran(service: ServiceProcess) -> None:
     """The isolation of a whole overwrite: rows appended after it began stay, even matching."""
     name = _name()
-    schema = pa.schema([("id", pa.int64())])
     with service.client() as c:
-        c.write(name, pa.table({"id": [1, 2]}, schema=schema))
-        txn = c.begin(name, schema, mode="overwrite", replace_where="id >= 2")
-        staged = c.write_task(txn, [pa.record_batch({"id": [20]}, schema=schema)])
-        c.append(name, pa.table({"id": [3]}, schema=schema))
+        txn, staged = _staged_replacement(c, name)
+        c.append(name, pa.table({"id": [3]}, schema=ID))
         c.commit(txn, [staged])
         assert sorted(c.read(name).column("id").to_pylist()) == [1, 3, 20]
 
 
 def test_replace_where_conflicts_with_an_overwrite_that_won(service: ServiceProcess) -> None:
     name = _name()
-    schema = pa.schema([("id", pa.int64())])
     with service.client() as c:
-        c.write(name, pa.table({"id": [1, 2]}, schema=schema))
-        txn = c.begin(name, schema, mode="overwrite", replace_where="id >= 2")
-        staged = c.write_task(txn, [pa.record_batch({"id": [20]}, schema=schema)])
-        c.overwrite(name, pa.table({"id": [7]}, schema=schema))
+        txn, staged = _staged_replacement(c, name)
+        c.overwrite(name, pa.table({"id": [7]}, schema=ID))
         with pytest.raises(Conflict, match="another overwrite won"):
             c.commit(txn, [staged])
         assert c.read(name).column("id").to_pylist() == [7]
@@ -144,3 +150,34 @@ def test_merge_schema_with_replace_where(service: ServiceProcess) -> None:
         )
         got = sorted(c.read(name).to_pylist(), key=lambda r: r["id"])
         assert got == [{"id": 1, "note": None}, {"id": 2, "note": "new"}]
+
+
+def test_replace_where_opens_only_files_the_statistics_leave(service: ServiceProcess) -> None:
+    """Files whose min/max cannot match are not read: one deleted from disk goes unnoticed."""
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1, 2]}, schema=ID))
+        (low,) = [f["path"] for f in c.changes(name, 0)["files"]]
+        c.append(name, pa.table({"id": [10, 11]}, schema=ID))
+        (Path(service.root) / name / low).unlink()  # only the statistics say what it held
+        c.overwrite(name, pa.table({"id": [12]}, schema=ID), replace_where="id >= 11")
+        assert c.describe(name).rows == 4  # 1, 2 (never read), 10 (kept by the copy), 12
+
+
+def test_replace_where_on_data_and_partition_columns(service: ServiceProcess) -> None:
+    name = _name()
+    data = pa.table({"id": [1, 2, 3, 4], "day": [DAYS[0], DAYS[0], DAYS[1], DAYS[1]]})
+    with service.client() as c:
+        c.write(name, data, partition_by=["day"])
+        c.overwrite(
+            name,
+            pa.table({"id": [0], "day": [DAYS[1]]}),
+            replace_where="day = DATE '2026-01-02' AND id <= 3",
+        )
+        assert _rows(c, name) == [
+            {"id": 1, "day": DAYS[0]},
+            {"id": 2, "day": DAYS[0]},
+            {"id": 0, "day": DAYS[1]},
+            {"id": 4, "day": DAYS[1]},  # copied, still in its partition
+        ]
+        assert c.describe(name).files == 3  # day 1 untouched, day 2's copy, the new file

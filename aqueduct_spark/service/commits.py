@@ -177,7 +177,7 @@ def _add_columns(tables: Tables, name: str, table: DeltaTable, write: pa.Schema)
         return table
     fields = [DeltaField.from_arrow(f) for f in new if f.name not in current.names]
     try:
-        table.alter.add_columns(fields)
+        table.alter.add_columns(fields, post_commithook_properties=tables.commit_hooks)
     except DeltaError as exc:
         reloaded = tables.open_table(name)
         check = pa.schema(reloaded.schema().to_arrow())

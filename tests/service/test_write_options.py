@@ -181,3 +181,25 @@ def test_replace_where_on_data_and_partition_columns(service: ServiceProcess) ->
             {"id": 4, "day": DAYS[1]},  # copied, still in its partition
         ]
         assert c.describe(name).files == 3  # day 1 untouched, day 2's copy, the new file
+
+
+def test_merge_schema_on_overwrite_keeps_the_old_columns(service: ServiceProcess) -> None:
+    """As in Delta: the dataset's schema becomes the union, the old rows are gone."""
+    name = _name()
+    with service.client() as c:
+        c.write(name, pa.table({"id": [1], "old": ["x"]}))
+        c.overwrite(name, pa.table({"id": [2], "new": [True]}), merge_schema=True)
+        assert c.describe(name).schema.names == ["id", "old", "new"]
+        assert c.read(name).to_pylist() == [{"id": 2, "old": None, "new": True}]
+
+
+def test_replace_where_creates_a_missing_dataset_with_matching_rows(
+    service: ServiceProcess,
+) -> None:
+    name = _name()
+    with service.client() as c:
+        with pytest.raises(InvalidRequest, match="do not match replaceWhere"):
+            c.overwrite(name, pa.table({"id": [1, 5]}), replace_where="id < 3")
+        assert name not in [d.name for d in c.list()]
+        c.overwrite(name, pa.table({"id": [1, 2]}), replace_where="id < 3")
+        assert c.describe(name).rows == 2

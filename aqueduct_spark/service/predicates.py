@@ -9,7 +9,8 @@ The grammar is the part of Spark SQL a row condition needs, no more::
     not       := "NOT" not | predicate
     predicate := operand [cmp operand | "IS" ["NOT"] "NULL"
                           | ["NOT"] "IN" "(" literal ("," literal)* ")"
-                          | ["NOT"] "BETWEEN" operand "AND" operand]
+                          | ["NOT"] "BETWEEN" operand "AND" operand
+                          | ["NOT"] "LIKE" 'pattern']
     operand   := "(" expr ")" | literal | column
     cmp       := = | == | != | <> | < | <= | > | >= | <=>
     literal   := number | 'text' | "text" | TRUE | FALSE | NULL | DATE 'd' | TIMESTAMP 't'
@@ -44,11 +45,11 @@ _TOKEN = re.compile(
     re.X,
 )
 _CMP = {"=": "==", "==": "==", "!=": "!=", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
-_KEYWORDS = {"and", "or", "not", "in", "is", "null", "between", "true", "false"}
+_KEYWORDS = {"and", "or", "not", "in", "is", "null", "between", "like", "true", "false"}
 
 Node = tuple[Any, ...]
 """("col", path) ("lit", value) ("cmp", op, a, b) ("and"|"or", a, b) ("not", a)
-("null", a) ("in", a, values) ("between", a, lo, hi)"""
+("null", a) ("in", a, values) ("between", a, lo, hi) ("like", a, pattern)"""
 
 
 class _Parser:
@@ -72,7 +73,7 @@ class _Parser:
         raise InvalidRequest(
             f"replaceWhere {self.text!r}: {why}. Write a condition on columns such as "
             "\"day >= '2026-01-01' AND region IN ('eu', 'us')\" (comparisons, AND, OR, NOT, "
-            "IN, BETWEEN, IS NULL; literals: numbers, 'text', true, false, DATE '...', "
+            "IN, BETWEEN, LIKE, IS NULL; literals: numbers, 'text', true, false, DATE '...', "
             "TIMESTAMP '...')"
         )
 
@@ -148,8 +149,14 @@ class _Parser:
             lo = self.operand()
             self.take("and")
             node = ("between", left, lo, self.operand())
+        elif self.peek() == "like":
+            self.take()
+            pattern = self.literal()
+            if not isinstance(pattern[1], str):
+                self.fail("LIKE needs a 'quoted pattern'")
+            node = ("like", left, pattern[1])
         elif negate:
-            self.fail("NOT here must be followed by IN or BETWEEN")
+            self.fail("NOT here must be followed by IN, BETWEEN or LIKE")
         else:
             return left  # a boolean column or literal on its own
         return ("not", node) if negate else node
@@ -320,6 +327,8 @@ def bind(text: str, schema: pa.Schema) -> pc.Expression:
                 out = eq if out is None else out | eq
             assert out is not None
             return out
+        if kind == "like":  # SQL's % and _, as pyarrow's match_like takes them
+            return pc.match_like(operand(n[1]), pattern=n[2])
         if kind == "between":
             left = operand(n[1])
             return (left >= operand(n[2], n[1])) & (left <= operand(n[3], n[1]))

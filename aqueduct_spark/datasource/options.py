@@ -219,13 +219,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "startingVersion",
         "latest",
-        "stream read",
-        "Where a new query starts: `earliest`, `latest`, or a version number.",
+        "read, stream read",
+        "Where a new query starts: `earliest`, `latest`, or a version number. In a batch "
+        "read, a number or `earliest` reads the versions from there on (a version range).",
     ),
     Option(
         "startingTimestamp",
         "none",
-        "stream read",
+        "read, stream read",
         "Start at the first version committed at or after this time (overrides startingVersion).",
     ),
     Option(
@@ -266,6 +267,38 @@ OPTIONS: tuple[Option, ...] = (
         "1s",
         "stream read",
         "How often to poll for new versions when push notifications are off or unavailable.",
+    ),
+    Option(
+        "endingVersion",
+        "latest",
+        "read",
+        "Last version (inclusive) of a batch read of a version range or of the change feed.",
+    ),
+    Option(
+        "endingTimestamp",
+        "latest",
+        "read",
+        "End a version range at the last version committed at or before this time.",
+    ),
+    Option(
+        "readChangeFeed",
+        "false",
+        "read, stream read",
+        "Read the change feed: rows inserted and deleted by each version, with `_change_type`, "
+        "`_commit_version` and `_commit_timestamp` (see [Change feed](#change-feed)).",
+    ),
+    Option(
+        "skipChangeCommits",
+        "false",
+        "read, stream read",
+        "Skip whole versions that remove or rewrite data (overwrite, delete, restore) instead "
+        "of failing.",
+    ),
+    Option(
+        "ignoreDeletes",
+        "false",
+        "read, stream read",
+        "Skip versions that only remove data (a delete of whole files) instead of failing.",
     ),
 )
 
@@ -397,7 +430,23 @@ class Options:
     fail_on_data_loss: bool
     push_notifications: bool
     poll_interval: float
+    ending_version: int | None
+    ending_timestamp: dt.datetime | None
+    read_change_feed: bool
+    skip_change_commits: bool
+    ignore_deletes: bool
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def version_range(self) -> bool:
+        """Whether a batch read reads a range of versions (or the change feed), not one."""
+        return (
+            self.read_change_feed
+            or self.starting_version != "latest"
+            or self.starting_timestamp is not None
+            or self.ending_version is not None
+            or self.ending_timestamp is not None
+        )
 
     def client(self) -> Client:
         """A dataset client for these options (its connections are pooled per process)."""
@@ -511,6 +560,14 @@ def parse(raw: Mapping[str, str]) -> Options:
     timestamp = get("timestampAsOf")
     if version is not None and timestamp is not None:
         raise OptionError("give versionAsOf or timestampAsOf, not both")
+    ranged = [k for k in ("endingVersion", "endingTimestamp", "readChangeFeed") if get(k)]
+    if (version is not None or timestamp is not None) and ranged:
+        raise OptionError(
+            f"versionAsOf/timestampAsOf read one version; {ranged[0]} reads a range of them: "
+            "give one or the other"
+        )
+    if get("endingVersion") is not None and get("endingTimestamp") is not None:
+        raise OptionError("give endingVersion or endingTimestamp, not both")
 
     def split(value: str | None) -> tuple[str, ...] | None:
         if value is None:
@@ -565,4 +622,11 @@ def parse(raw: Mapping[str, str]) -> Options:
         fail_on_data_loss=parse_bool("failOnDataLoss", text("failOnDataLoss")),
         push_notifications=parse_bool("pushNotifications", text("pushNotifications")),
         poll_interval=parse_duration("pollInterval", text("pollInterval")),
+        ending_version=opt_int("endingVersion", 0),
+        ending_timestamp=None
+        if get("endingTimestamp") is None
+        else parse_timestamp("endingTimestamp", get("endingTimestamp") or ""),
+        read_change_feed=parse_bool("readChangeFeed", text("readChangeFeed")),
+        skip_change_commits=parse_bool("skipChangeCommits", text("skipChangeCommits")),
+        ignore_deletes=parse_bool("ignoreDeletes", text("ignoreDeletes")),
     )

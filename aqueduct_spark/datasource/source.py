@@ -10,6 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.datasource.changes import AqueductRangeReader, with_change_columns
 from aqueduct_spark.datasource.options import parse
 from aqueduct_spark.datasource.reader import AqueductPushdownReader, AqueductReader
 from aqueduct_spark.datasource.schemas import arrow_to_spark
@@ -55,12 +56,16 @@ class AqueductDataSource(DataSource):
                     f"(columns: {schema.names})"
                 )
             schema = pa.schema([schema.field(c) for c in opts.columns])
+        if opts.read_change_feed:
+            return with_change_columns(arrow_to_spark(schema))
         return arrow_to_spark(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         # The option decides, not the planner worker asking: Spark refuses a reader that
         # overrides pushFilters while spark.sql.python.filterPushdown.enabled is false, so
         # only pushDownPredicate=true gets one (and needs that setting, as documented).
+        if self.opts.version_range:
+            return AqueductRangeReader(self.opts, schema)
         if self.opts.push_down_predicate:
             return AqueductPushdownReader(self.opts, schema)
         return AqueductReader(self.opts, schema)

@@ -23,6 +23,15 @@ class SourceTableChanged(P.DatasetError):
     code = "SOURCE_TABLE_CHANGED"
 
 
+class DataChanged(P.DatasetError):
+    """A version of the dataset removes or rewrites data (an overwrite, a delete, a restore),
+    which a read of appended rows cannot apply: its rows were already delivered. Set
+    ``skipChangeCommits=true`` (skip such versions), ``ignoreDeletes=true`` (skip versions
+    that only delete) or ``readChangeFeed=true`` (read the changes as rows)."""
+
+    code = "DATA_CHANGED"
+
+
 def offset(version: int, file: int = 0, table_id: str | None = None) -> dict[str, Any]:
     """The one spelling of a position (fixed key order: Spark compares offsets as text)."""
     out: dict[str, Any] = {"version": int(version), "file": int(file)}

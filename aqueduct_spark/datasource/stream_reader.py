@@ -16,9 +16,11 @@ existed have no ``tableId`` and are taken to be of the current table.
 
 The files of a version are the ``add`` actions of its own commit, in path order: fixed once
 committed, so a micro-batch replayed after a failure reads exactly what it read before.
-Versions that only rewrite data (compaction, ``dataChange=false``) add nothing. A version
-that removes data (an overwrite) is not undone downstream: the files it adds are read like
-any others.
+Versions that only rewrite data (compaction, ``dataChange=false``) add nothing, so a stream
+never reads compacted rows twice. A version that removes data (an overwrite, a delete, a
+restore) fails the query by default, or is skipped (``skipChangeCommits``, or
+``ignoreDeletes`` for a version that only deletes); with ``readChangeFeed`` every version's
+change feed is read instead, deletes as rows (:mod:`.changes`).
 
 New versions are learned from a subscription on which the service pushes the newest version
 after each commit (demand-driven: one note per change or heartbeat, never a backlog), with
@@ -54,6 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.datasource.changes import admit
 from aqueduct_spark.datasource.notifications import Subscription
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import spark_to_arrow
@@ -98,7 +101,8 @@ class StreamPartition(InputPartition):
 class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch source over a dataset's versions. Options: startingVersion,
     startingTimestamp, maxRowsPerTrigger, maxBytesPerTrigger, minRowsPerTrigger,
-    maxTriggerDelay, failOnDataLoss, pushNotifications, pollInterval (docs/spark-options.md)."""
+    maxTriggerDelay, failOnDataLoss, pushNotifications, pollInterval, readChangeFeed,
+    skipChangeCommits, ignoreDeletes (docs/spark-options.md)."""
 
     def __init__(self, opts: Options, schema: StructType) -> None:
         self.opts = opts
@@ -503,11 +507,14 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         entry: tuple[list[dict[str, Any]], frozenset[str]] | None
         expected = self._table_id
         try:
-            if self.opts.fail_on_data_loss:
-                result = self._client.changes(dataset, version)
-            else:
-                result = self._client.changes(dataset, version, missing_ok=True)
-            entry = (list(result["files"]), frozenset(result.get("missing") or ()))
+            result = self._client.changes(
+                dataset,
+                version,
+                missing_ok=not self.opts.fail_on_data_loss,
+                change_feed=self.opts.read_change_feed,
+            )
+            # a version that removes data: fail, skip, or (change feed) read it (.changes)
+            entry = (admit(result, self.opts), frozenset(result.get("missing") or ()))
             found = result.get("table_id")
             if found is not None and expected is not None and found != expected:
                 self._moved(expected, str(found))

@@ -62,6 +62,7 @@ from .headers import (
     PROTOCOL_VERSION,
 )
 from .messages import (
+    CHANGE_FIELDS,
     CommitResult,
     DatasetInfo,
     ScanPlan,
@@ -74,6 +75,7 @@ from .messages import (
 
 __all__ = [
     "BINARY_OPS",
+    "CHANGE_FIELDS",
     "COMPRESSIONS",
     "ERRORS",
     "H_BATCH",

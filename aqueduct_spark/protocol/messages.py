@@ -20,6 +20,14 @@ import pyarrow as pa
 from .arrow import schema_from_bytes, schema_to_bytes
 from .errors import InvalidRequest
 
+CHANGE_FIELDS = (
+    pa.field("_change_type", pa.string()),
+    pa.field("_commit_version", pa.int64()),
+    pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC")),
+)
+"""The columns a scan of a change-feed split adds after the dataset's (the ``feed`` request):
+Delta's change data feed columns."""
+
 
 def require_int(v: Any, what: str) -> int:
     """``v`` if it is an integer (not a bool), else :class:`InvalidRequest` naming ``what``."""

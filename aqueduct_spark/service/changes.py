@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from aqueduct_spark.protocol import (
+    CHANGE_FIELDS,
     DataLoss,
     InvalidRequest,
     Split,
@@ -48,11 +49,6 @@ TABLE_PROPERTIES = {"delta.enableChangeDataFeed": "true"}
 """Table properties of every dataset the service creates."""
 CDF_KEY = "delta.enableChangeDataFeed"
 CHANGE_DIR = "_change_data/"
-CHANGE_FIELDS = (
-    pa.field("_change_type", pa.string()),
-    pa.field("_commit_version", pa.int64()),
-    pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC")),
-)
 CHANGE_NAMES = tuple(f.name for f in CHANGE_FIELDS)
 
 
@@ -164,11 +160,11 @@ def feed(
     missing_ok: bool = False,
 ) -> dict[str, Any]:
     """The versions from a start to an end (inclusive; by number or by commit time) with
-    :func:`version_entry` for each. The end defaults to the latest version and is clamped to
-    it; a start after the latest version is :class:`VersionNotFound`; a start before the
+    :func:`version_entry` for each. The start defaults to the oldest version in the log, the
+    end to the latest version, and the end is clamped to it; a start after the latest version is :class:`VersionNotFound`; a start before the
     oldest version still in the log is :class:`DataLoss`."""
-    if (starting_version is None) == (starting_timestamp is None):
-        raise InvalidRequest("give a starting version or a starting timestamp (one of them)")
+    if starting_version is not None and starting_timestamp is not None:
+        raise InvalidRequest("give a starting version or a starting timestamp, not both")
     if ending_version is not None and ending_timestamp is not None:
         raise InvalidRequest("give an ending version or an ending timestamp, not both")
     if not tables.exists(name):
@@ -181,6 +177,8 @@ def feed(
     if starting_timestamp is not None:
         after = [v for v, t in times.items() if t >= starting_timestamp]
         start = min(after) if after else latest + 1
+    elif starting_version is None:
+        start = first  # the earliest version still in the log
     else:
         start = require_int(starting_version, "starting_version")
         if start < 0:

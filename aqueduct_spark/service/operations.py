@@ -202,13 +202,17 @@ class Operations:
                 )
             files, removes = entry["files"], entry["removes"]
             missing = found["missing"]
+            operation = entry.get("operation", "")
         else:
             files = [f.to_dict() for f in self.store.version_files(name, version, missing)]
-            removes = changes.removed_by(delta_log.read_log(self.store.filesystem(name), version))
+            actions = delta_log.read_log(self.store.filesystem(name), version)
+            removes = changes.removed_by(actions)
+            operation = str(delta_log.commit_info(actions).get("operation", ""))
         return {
             "version": version,
             "files": files,
             "removes": removes,
+            "operation": operation,
             "missing": missing or [],
             # after the files: a table re-created meanwhile shows as another id, never as
             # the new table's files under the old id

@@ -77,3 +77,23 @@ def test_spark_fails_at_load_naming_the_option(
         ).load("anything")
     assert "no Aqueduct server answered" not in str(e.value)
     assert time.monotonic() - started < 30  # no connection attempts, let alone retries
+
+
+def test_version_range_options() -> None:
+    base = {"url": "quic://h:1", "path": "d"}
+    assert not parse(base).version_range
+    assert not parse({**base, "startingVersion": "latest"}).version_range
+    for extra in (
+        {"startingVersion": "3"},
+        {"startingVersion": "earliest"},
+        {"endingVersion": "4"},
+        {"readChangeFeed": "true"},
+        {"startingTimestamp": "2026-01-01T00:00:00Z"},
+    ):
+        assert parse({**base, **extra}).version_range, extra
+    with pytest.raises(OptionError, match="versionAsOf/timestampAsOf read one version"):
+        parse({**base, "versionAsOf": "1", "readChangeFeed": "true"})
+    with pytest.raises(OptionError, match="endingVersion or endingTimestamp"):
+        parse({**base, "endingVersion": "1", "endingTimestamp": "2026-01-01T00:00:00Z"})
+    with pytest.raises(OptionError, match="skipChangeCommits"):
+        parse({**base, "skipChangeCommits": "maybe"})

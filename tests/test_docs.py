@@ -284,6 +284,7 @@ ERROR_MODULES = (
     "aqueduct_spark.protocol.errors",
     "aqueduct_spark.client.failures",
     "aqueduct_spark.datasource.options",
+    "aqueduct_spark.datasource.option_values",
     "aqueduct_spark.datasource.stream_offsets",
 )
 """Where the exceptions a user can see are defined (the service raises protocol's)."""

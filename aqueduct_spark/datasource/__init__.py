@@ -20,8 +20,9 @@ the service. A write stages each task's data under a transaction; the driver's c
 publishes all of it in one Delta commit, and only the successful attempt of each task is
 committed, so a retried or speculative task never duplicates rows.
 
-The modules, bottom first: ``options`` (the table of options, parsed once), ``schemas``
-(Spark <-> Arrow), ``reader`` and ``writer`` (batch), ``stream_offsets``, ``notifications``,
+The modules, bottom first: ``option_values`` and ``options`` (the table of options, parsed
+once), ``schemas`` (Spark <-> Arrow), ``reader`` and ``writer`` (batch), ``stream_offsets``,
+``changes`` (version ranges, the change feed, versions that remove data), ``notifications``,
 ``stream_reader`` and ``stream_writer`` (Structured Streaming), ``source`` (the
 ``DataSource`` Spark instantiates, which picks among them).
 """

@@ -2,7 +2,7 @@
 
 Users of Delta reach first for the options they know. Those the source takes under the same
 name (``mergeSchema``, ``replaceWhere``, ``overwriteSchema``, ``txnAppId``, ``versionAsOf``,
-``startingVersion``, ...) are in ``options.OPTIONS``; each of the others gets an
+``startingVersion``, ``ignoreDeletes``, ...) are in ``options.OPTIONS``; each of the others gets an
 :class:`~.options.OptionError` that names what to use instead, rather than "unknown option".
 """
 
@@ -13,10 +13,9 @@ DELTA_ANSWERS: dict[str, str] = {
     '.option("maxRowsPerTrigger", ...) or .option("maxBytesPerTrigger", ...)',
     "partitionoverwritemode": "to overwrite some partitions only, name them in a condition: "
     '.option("replaceWhere", "day = \'2026-01-01\'") with mode overwrite',
-    "ignorechanges": "a stream here reads the rows every version adds and never fails on a "
-    "version that rewrote or removed data, as Delta's ignoreChanges does: drop the option",
-    "ignoredeletes": "a stream here never fails on a version that removed data, as Delta's "
-    "ignoreDeletes does: drop the option",
+    "ignorechanges": "Delta's ignoreChanges reads again the rows of files a version rewrote; "
+    "here a version that rewrote or removed data fails the stream unless "
+    "skipChangeCommits=true skips it or readChangeFeed=true reads its changes: drop the option",
     "maxrecordsperfile": "the service sizes the files it writes itself (about 128 MB): drop "
     "the option",
     "usermetadata": "each commit records its own metadata (see `aqueduct history`): "

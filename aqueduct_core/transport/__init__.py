@@ -3,7 +3,7 @@ over TLS/TCP (:mod:`.mux`, :mod:`.tcp`); :mod:`.dial` chooses between them."""
 
 from aqueduct_core.transport.config import TransportConfig
 from aqueduct_core.transport.dial import connect, serve
-from aqueduct_core.transport.endpoints import ConnectError, Handler, Server
+from aqueduct_core.transport.endpoints import ConnectError, Handler, Refused, Server
 from aqueduct_core.transport.tls import (
     ClientTLS,
     DevCertificates,
@@ -18,6 +18,7 @@ __all__ = [
     "DevCertificates",
     "Handler",
     "InsecureConnectionWarning",
+    "Refused",
     "Server",
     "ServerTLS",
     "TransportConfig",

@@ -10,8 +10,9 @@ The winner is remembered per service (host and port) for the life of the process
 won, later connections (every Spark task of a job) go straight to TCP with no delay; once
 QUIC won, later connections race again, which costs nothing while QUIC keeps answering and
 falls back within the race delay when it stops. When UDP is refused outright (ICMP port
-unreachable), the QUIC library does not learn it (its socket is not connected), so the cost
-is the race delay, never more.
+unreachable), the QUIC attempt learns it at once (its socket is connected, ``udp.py``) and
+TCP starts without waiting; a service that is not there at all (nothing on UDP or TCP) is
+reported as :class:`~aqueduct_core.transport.endpoints.Refused` in about a round trip.
 
 ``AQUEDUCT_TRANSPORT`` (auto, quic or tcp) replaces ``auto`` wherever it is the choice, so a
 deployment can pin the transport for every client without code changes.
@@ -37,7 +38,13 @@ from aqueduct_core.api.setup import HeadersHook, client_engine, server_engine
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import endpoints
 from aqueduct_core.transport.config import Transport, TransportConfig
-from aqueduct_core.transport.endpoints import ConnectError, Handler, Server
+from aqueduct_core.transport.endpoints import (
+    ConnectError,
+    Handler,
+    Refused,
+    Server,
+    unreachable_reason,
+)
 from aqueduct_core.transport.tcp import PinMismatch, TcpListener, connect_tcp, listen_tcp
 from aqueduct_core.transport.tls import (
     ClientTLS,
@@ -45,6 +52,7 @@ from aqueduct_core.transport.tls import (
     file_fingerprint,
     make_dev_certificates,
 )
+from aqueduct_core.transport.udp import UNREACHABLE
 from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
@@ -158,7 +166,15 @@ async def _race(
                     winner = task.result()
                     break
         if winner is None:
-            raise ConnectError(f"{quic.exception()} (and over TCP: {tasks[1].exception()})")
+            q, t = quic.exception(), tasks[1].exception()
+            if isinstance(q, Refused) and isinstance(t, Refused):
+                raise Refused(
+                    f"nothing listens at {host}:{port} over QUIC ({q.reason}) or TCP "
+                    f"({t.reason}). Is the service running (aqueduct serve), and is the port "
+                    "right?",
+                    f"QUIC: {q.reason}; TCP: {t.reason}",
+                )
+            raise ConnectError(f"{q} (and over TCP: {t})")
         _winners[(host, port)] = (winner.transport, time.monotonic())
         return winner
     finally:
@@ -222,10 +238,14 @@ async def _tcp(
             f"no Aqueduct server answered at {target} within {config.handshake_timeout} s"
         ) from None
     except OSError as exc:
-        raise ConnectError(
-            f"cannot reach {target}: {exc.strerror or exc}. Is the service running, listening "
-            "on TCP (aqueduct serve --transport quic,tcp), and is the port right?"
-        ) from exc
+        hint = (
+            "Is the service running, listening on TCP (aqueduct serve --transport quic,tcp), "
+            "and is the port right?"
+        )
+        if exc.errno in UNREACHABLE:
+            reason = unreachable_reason(exc, "tcp")
+            raise Refused(f"nothing listens at {target}: {reason}. {hint}", reason) from None
+        raise ConnectError(f"cannot reach {target}: {exc.strerror or exc}. {hint}") from exc
     except ConnectionLost as exc:
         raise ConnectError(f"could not connect to {target}: {exc}") from exc
 

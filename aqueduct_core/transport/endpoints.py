@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import ssl
@@ -46,7 +47,7 @@ from aqueduct_core.transport.tls import (
     normalize_fingerprint,
     warn_insecure,
 )
-from aqueduct_core.transport.udp import create_endpoint
+from aqueduct_core.transport.udp import UdpTransport, connect_to, create_endpoint
 from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
@@ -58,6 +59,23 @@ Handler = Callable[[Connection, Receiver[Any]], Awaitable[None]]
 class ConnectError(ConnectionLost):
     """Connecting failed: the server is unreachable, the handshake timed out, or TLS failed.
     The message names the address and the likely fix."""
+
+
+class Refused(ConnectError):
+    """Nothing listens at the address, as the host itself said at once: ICMP "port
+    unreachable" for QUIC (or "host unreachable"), a reset (``ECONNREFUSED``) for TCP.
+    ``reason`` is that answer in a few words."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def unreachable_reason(exc: OSError, transport: str) -> str:
+    """A refusal in a few words: ``ICMP port unreachable``, ``connection refused``..."""
+    if exc.errno == errno.ECONNREFUSED:
+        return "connection refused" if transport == "tcp" else "ICMP port unreachable"
+    return (exc.strerror or str(exc)).lower()
 
 
 def _quic_config(backend: Any, config: TransportConfig, client: bool, host: str) -> Any:
@@ -122,6 +140,7 @@ async def connect(
     family, _, _, _, addr = infos[0]
     bind = "::" if family == socket.AF_INET6 else "0.0.0.0"
     sock = udp_socket(bind, 0, config.socket_buffer, family)
+    told = connect_to(sock, addr)  # ICMP errors reach a connected socket only
     quic, resuming = _client_quic(backend, config, qc, (host, port, tls))
     proto_cls = protocol_class(backend)
     engine_cfg = config.engine
@@ -130,7 +149,7 @@ async def connect(
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)
 
     try:
-        _, protocol = await create_endpoint(
+        transport, protocol = await create_endpoint(
             loop,
             lambda: proto_cls(
                 quic, config=config, make_connection=make, pin=pin, pacing=pacing_for(config, host)
@@ -143,6 +162,17 @@ async def connect(
         sock.close()
         raise
     conn: Connection = protocol.conn
+    refused: list[OSError] = []
+    if told and isinstance(transport, UdpTransport):
+
+        def unreachable(exc: OSError) -> None:
+            # Only before the handshake, where nothing else can tell a closed port from a
+            # slow server; afterwards QUIC's own timers judge (an ICMP error can be forged).
+            if not conn.handshake_confirmed and not refused:
+                refused.append(exc)
+                transport.close()
+
+        transport.on_unreachable = unreachable
     try:
         await protocol.find_packet_size(addr)
     except BaseException:
@@ -168,6 +198,13 @@ async def connect(
         protocol._transport.close()
         if protocol.pin_error is not None:
             raise ConnectError(f"{target}: {protocol.pin_error}") from None
+        if refused:
+            reason = unreachable_reason(refused[0], "quic")
+            raise Refused(
+                f"nothing listens at {target}: {reason}. Is the service running (aqueduct "
+                "serve), is the port right, and does it serve QUIC?",
+                reason,
+            ) from None
         if isinstance(exc, asyncio.TimeoutError):
             raise ConnectError(
                 f"no Aqueduct server answered at {target} within {config.handshake_timeout} s: "

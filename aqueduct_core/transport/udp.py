@@ -20,6 +20,13 @@ replaces that transport with one built the way quinn-udp and msquic do it on Lin
   with segments fails as quinn-udp documents for NICs without checksum offload (``EIO``,
   ``EINVAL``...), the transport sends packets one by one from then on; GRO off means one
   packet per ``recvmsg``. Nothing else changes.
+- **Told when nobody listens.** A client's socket is connected to its server
+  (:func:`connect_to`), so the kernel reports an ICMP "port unreachable" (or "host
+  unreachable") as ``ECONNREFUSED`` (``EHOSTUNREACH``...) on the next receive; the transport
+  hands it to ``on_unreachable``, and a QUIC attempt fails in a round trip instead of at its
+  handshake timeout. An unconnected socket (a server's) never hears of ICMP errors. uvloop
+  (libuv) stops watching a socket once it reported such an error; the transport watches it
+  again.
 - **Never fragmented.** The socket sets "don't fragment, ignore the path MTU cache"
   (``IP_PMTUDISC_PROBE``): a packet larger than the route's MTU fails with ``EMSGSIZE``
   and is dropped here (QUIC counts it lost) instead of leaving as IP fragments; see
@@ -76,6 +83,11 @@ IP_MTU_DISCOVER = 10
 IP_PMTUDISC_PROBE = 3
 IPV6_MTU_DISCOVER = 23
 IPV6_PMTUDISC_PROBE = 3
+UNREACHABLE = frozenset(
+    (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)
+)
+"""What a connected socket reports of an ICMP destination-unreachable: the port is closed
+(nothing listens), or the host or network cannot be reached."""
 
 Address = Any
 
@@ -121,6 +133,19 @@ def forbid_fragments(sock: socket.socket) -> bool:
     return True
 
 
+def connect_to(sock: socket.socket, addr: Address) -> bool:
+    """Connect a client's UDP socket to its server, so ICMP errors reach it (see the module
+    docstring). Linux only: elsewhere a connected socket may refuse ``sendto`` with an
+    address. False if not connected (the socket works as before, without the reports)."""
+    if not _IS_LINUX:
+        return False
+    try:
+        sock.connect(addr)
+    except OSError:
+        return False
+    return True
+
+
 class UdpTransport(asyncio.DatagramTransport):
     """A datagram transport over a non-blocking UDP socket with GSO and GRO (see the module
     docstring). Only the parts of ``asyncio.DatagramTransport`` the QUIC libraries use, plus
@@ -150,6 +175,11 @@ class UdpTransport(asyncio.DatagramTransport):
         self._closed = False
         self._writer = False
         self._extra = {"socket": sock, "sockname": sock.getsockname(), "peername": None}
+        with contextlib.suppress(OSError):  # a connected socket (connect_to)
+            self._extra["peername"] = sock.getpeername()
+        self.on_unreachable: Callable[[OSError], None] | None = None
+        """Called with the error when a connected socket (:func:`connect_to`) learns that
+        the peer's port is closed or the peer cannot be reached (:data:`UNREACHABLE`)."""
         # A QUIC server routes by connection ID; its table is reused for batching.
         self._routes: dict[bytes, Any] | None = getattr(protocol, "_protocols", None)
         self.probe_waiters: dict[bytes, Callable[[int], None]] = {}
@@ -316,11 +346,27 @@ class UdpTransport(asyncio.DatagramTransport):
                 self._finish()
 
     def _error(self, exc: OSError) -> None:
+        if exc.errno in UNREACHABLE and self._extra["peername"] is not None:
+            # libuv (uvloop) stops watching a socket that reported an error (POLLERR) for
+            # good: watch it again, once this turn of the loop is over. Without this, one
+            # ICMP error (a service restarting) leaves a client deaf to the new process.
+            self._loop.call_soon(self._watch_again)
+            if self.on_unreachable is not None:
+                self.on_unreachable(exc)
+            return
         handler: Callable[[Exception], None] | None = getattr(
             self._protocol, "error_received", None
         )
         if handler is not None:
             handler(exc)
+
+    def _watch_again(self) -> None:
+        if not self._closing:
+            self._loop.remove_reader(self._fd)
+            self._loop.add_reader(self._fd, self._on_readable)
+        if self._writer and not self._closed:
+            self._loop.remove_writer(self._fd)
+            self._loop.add_writer(self._fd, self._on_writable)
 
     # -- receiving -----------------------------------------------------------------------
 
@@ -377,7 +423,9 @@ class UdpTransport(asyncio.DatagramTransport):
         try:
             self._sock.sendto(data, addr)
         except OSError as exc:
-            if exc.errno not in (errno.EMSGSIZE, errno.EAGAIN, errno.EWOULDBLOCK):
+            if exc.errno in UNREACHABLE:
+                self._error(exc)  # the send took the socket's pending ICMP report
+            elif exc.errno not in (errno.EMSGSIZE, errno.EAGAIN, errno.EWOULDBLOCK):
                 log.debug("path probe to %s not sent: %s", addr, exc)
             return False
         return True

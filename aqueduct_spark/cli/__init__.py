@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
         return 2
     except AqueductError as exc:
-        print(f"aqueduct {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"aqueduct {args.command}: {exc}", file=sys.stderr)  # no class names
         return 1
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)

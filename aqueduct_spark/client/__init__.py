@@ -11,7 +11,7 @@ the Spark job retries the task, and only committed staged files ever become visi
 
 The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service addresses),
 ``models`` (what answers carry), ``failures`` (which can heal) and ``retry`` (the one retry
-policy), ``session`` (the connection and requests), ``reads``, ``writes`` and
+policy), ``connecting`` (opening a connection within ``connect_timeout``), ``session`` (the connection and requests), ``reads``, ``writes`` and
 ``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), ``pool`` (the loop
 thread, the connection pool, closing it at exit) and ``blocking`` (:class:`Client`).
 """
@@ -19,7 +19,7 @@ thread, the connection pool, closing it at exit) and ``blocking`` (:class:`Clien
 from aqueduct_spark.client.aio import AsyncClient
 from aqueduct_spark.client.blocking import Client
 from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
-from aqueduct_spark.client.failures import CannotConnect
+from aqueduct_spark.client.failures import CannotConnect, ServiceUnreachable
 from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
 from aqueduct_spark.client.retry import RetryPolicy
 from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
@@ -35,6 +35,7 @@ __all__ = [
     "Endpoint",
     "Plan",
     "RetryPolicy",
+    "ServiceUnreachable",
     "Transaction",
     "parse_endpoints",
     "parse_url",

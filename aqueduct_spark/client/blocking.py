@@ -28,9 +28,7 @@ class Client:
         self, url: str | None = None, *, config: ClientConfig | None = None, **options: Any
     ) -> None:
         if config is None:
-            if url is None:
-                raise ValueError("give the service url (quic://host:port) or a ClientConfig")
-            config = ClientConfig(url, **options)
+            config = ClientConfig.from_environment(url, **options)
         self.config = config
         self._portal = Portal.get()
         self._client = pooled(config)

@@ -6,8 +6,9 @@ CLI and the docs' table (checked by ``tests/test_docs.py``) read them from here.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_core.transport.config import Transport
@@ -31,6 +32,11 @@ class ClientConfig:
     """First backoff in seconds (doubles each attempt, with jitter)."""
     timeout: float = 60.0
     """Seconds to wait for a reply to a request (not for a whole scan or write)."""
+    connect_timeout: float = 5.0
+    """Seconds to spend, at most, opening a connection: every attempt (QUIC and TCP, each
+    address of the URL) and the pauses between them. A service that is not there fails
+    within this (where the host says the port is closed: after ``retries`` quick attempts,
+    1-3 s)."""
     compression: str = "none"
     """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
     chunk_bytes: int = CHUNK_BYTES
@@ -41,3 +47,21 @@ class ClientConfig:
             # transport="tcp" (or quic, auto): the choice alone, other settings default.
             choice = cast(Transport, given)
             object.__setattr__(self, "transport", TransportConfig(transport=choice))
+
+    @classmethod
+    def from_environment(cls, url: str | None = None, **fields: Any) -> ClientConfig:
+        """``ClientConfig(url, **fields)``, what is not given taken from the environment as
+        the CLI and Spark take it: the URL from ``AQUEDUCT_URL``, the token from
+        ``AQUEDUCT_TOKEN``, and (when ``tls`` is not given) the fingerprint to pin from
+        ``AQUEDUCT_FINGERPRINT``. ``Client(url, **fields)`` is made this way."""
+        url = url or os.environ.get("AQUEDUCT_URL") or None
+        if url is None:
+            raise ValueError(
+                "no service address: give the url (Client('quic://host:4433')) or set "
+                "AQUEDUCT_URL; aqueduct serve prints both when it starts"
+            )
+        if fields.get("token") is None and os.environ.get("AQUEDUCT_TOKEN"):
+            fields["token"] = os.environ["AQUEDUCT_TOKEN"]
+        if fields.get("tls") is None and os.environ.get("AQUEDUCT_FINGERPRINT"):
+            fields["tls"] = ClientTLS(fingerprint=os.environ["AQUEDUCT_FINGERPRINT"])
+        return cls(url, **fields)

@@ -10,6 +10,10 @@ A failure is one of four kinds (:class:`Kind`):
   URL never gets this far: it is refused when the client is made.)
 - ``TRANSIENT``: the connection failed (lost, refused, timed out): a new connection may
   work, as when the service restarts.
+- ``UNREACHABLE``: connecting was tried again and again for ``connect_timeout`` and the
+  service never answered (:class:`ServiceUnreachable`: nothing listens there, or nothing
+  gets through). A request fails now, naming the URL and ``aqueduct serve``; only a watcher
+  (a subscription) keeps trying.
 - ``WAIT``: the service refused for now and said how long to wait (``Unavailable`` with a
   ``retry_after`` detail).
 - ``OTHER``: any other answer of the service (``DatasetNotFound``, ``Conflict``, ...) or
@@ -40,9 +44,18 @@ class CannotConnect(ConnectError):
     service that is down or unreachable for now (that is ``ConnectionLost``)."""
 
 
+class ServiceUnreachable(ConnectError):
+    """No connection could be opened within ``connect_timeout`` (the attempts and pauses
+    included): nothing listens at the address, or nothing gets through to it. The message
+    names the URL, what each address answered, and how to start a service
+    (``aqueduct serve``). It may heal (a service starting), but the client already waited
+    as long as it was told to, so requests do not retry it."""
+
+
 class Kind(enum.Enum):
     PERMANENT = "permanent"
     TRANSIENT = "transient"
+    UNREACHABLE = "unreachable"
     WAIT = "wait"
     OTHER = "other"
 
@@ -55,6 +68,8 @@ def classify(exc: BaseException) -> Kind:
     """What kind of failure ``exc`` is (see the module's docstring)."""
     if isinstance(exc, CannotConnect | ProtocolError):
         return Kind.PERMANENT
+    if isinstance(exc, ServiceUnreachable):
+        return Kind.UNREACHABLE
     if isinstance(exc, P.DatasetError):
         marked = getattr(exc, "permanent", None)
         if marked is True or (marked is None and isinstance(exc, PERMANENT_ANSWERS)):

@@ -32,7 +32,8 @@ class RetryPolicy:
     """Seconds to keep waiting as the service's ``retry_after`` asks."""
     retry_other: bool = False
     """Retry failures that are neither permanent nor connection failures (a service answer
-    such as ``DatasetNotFound``): for watchers, which wait for things to change."""
+    such as ``DatasetNotFound``), and a service that stayed unreachable for the whole
+    ``connect_timeout``: for watchers, which wait for things to change."""
 
     @classmethod
     def of(cls, config: ClientConfig) -> RetryPolicy:
@@ -66,7 +67,9 @@ class Retrying:
             if now + after > self._refused_until:
                 return None
             return after * (1 + random.random())
-        if kind is Kind.PERMANENT or (kind is Kind.OTHER and not self.policy.retry_other):
+        if kind is Kind.PERMANENT or (
+            kind in (Kind.OTHER, Kind.UNREACHABLE) and not self.policy.retry_other
+        ):
             return None
         retries = self.policy.retries
         if retries is not None and self.failures >= retries:

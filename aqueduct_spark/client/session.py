@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aqueduct_core.api import Connection, oneshot
-from aqueduct_core.errors import AqueductError, ConnectionLost
-from aqueduct_core.transport import connect
+from aqueduct_core.errors import AqueductError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
-from aqueduct_spark.client.failures import CannotConnect, Kind, classify, connect_problem
+from aqueduct_spark.client.connecting import open_connection
+from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.retry import Retrying, RetryPolicy
 from aqueduct_spark.client.urls import parse_endpoints
 
@@ -42,34 +42,8 @@ class Session:
             headers: list[tuple[bytes, bytes]] = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
-            lost: list[str] = []  # failures that may heal (the service may come back)
-            wrong: list[str] = []  # failures that cannot, as configured
-            first: BaseException | None = None
-            for endpoint in self._endpoints:
-                try:
-                    self._conn = await connect(
-                        endpoint.host,
-                        endpoint.port,
-                        transport=endpoint.transport,
-                        headers=headers,
-                        tls=self.config.tls,
-                        config=self.config.transport,
-                    )
-                    return self._conn
-                except (ConnectionLost, OSError) as exc:
-                    problem = await connect_problem(endpoint, exc)
-                    if problem is None:
-                        lost.append(str(exc))
-                    else:
-                        wrong.append(f"{endpoint}: {problem}")
-                        first = first or exc
-            if not lost:
-                raise CannotConnect(
-                    "cannot connect to the dataset service at " + "; ".join(wrong)
-                ) from first
-            raise ConnectionLost(
-                "cannot reach the dataset service: " + "; ".join(lost + wrong)
-            ) from None
+            self._conn = await open_connection(self.config, self._endpoints, headers)
+            return self._conn
 
     def _drop_connection(self, conn: Connection) -> None:
         """Forget ``conn`` and close it in the background: requests waiting on it fail now

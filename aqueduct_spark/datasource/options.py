@@ -75,7 +75,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "fingerprint",
-        "none",
+        "none (env `AQUEDUCT_FINGERPRINT`)",
         "all",
         "SHA-256 fingerprint of the service certificate, as `aqueduct serve` prints it.",
     ),
@@ -113,9 +113,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "connectTimeout",
-        duration_text(EngineConfig().handshake_timeout),
+        duration_text(ClientConfig.connect_timeout),
         "all",
-        "How long to wait for the service to answer the handshake.",
+        "How long to keep trying to reach the service (every attempt and pause) before the "
+        "query fails; a service that is not there fails within it.",
     ),
     Option(
         "requestTimeout",
@@ -405,9 +406,7 @@ class Options:
             transport=self.transport,  # type: ignore[arg-type]
             packet_size=self.packet_size,
             idle_timeout=self.idle_timeout,
-            engine=EngineConfig(
-                flow_window=self.flow_window, handshake_timeout=self.connect_timeout
-            ),
+            engine=EngineConfig(flow_window=self.flow_window),
         )
         return ClientConfig(
             self.url,
@@ -416,6 +415,7 @@ class Options:
             transport=transport,
             retries=self.retries,
             timeout=self.request_timeout,
+            connect_timeout=self.connect_timeout,
             compression=self.compression,
         )
 
@@ -524,7 +524,9 @@ def parse(raw: Mapping[str, str]) -> Options:
         dataset=dataset,
         token=get("token") or os.environ.get("AQUEDUCT_TOKEN"),
         cafile=None if not get("cafile") else parse_file("cafile", get("cafile") or ""),
-        fingerprint=get("fingerprint"),
+        # The environment's fingerprint only where the options choose no way to trust.
+        fingerprint=get("fingerprint")
+        or (None if trust else os.environ.get("AQUEDUCT_FINGERPRINT")),
         insecure="insecure" in trust,
         backend=backend,
         transport=transport,

@@ -14,7 +14,13 @@ import pytest
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import ClientTLS
 from aqueduct_spark import protocol as P
-from aqueduct_spark.client import CannotConnect, Client, ClientConfig, RetryPolicy
+from aqueduct_spark.client import (
+    CannotConnect,
+    Client,
+    ClientConfig,
+    RetryPolicy,
+    ServiceUnreachable,
+)
 from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.retry import Retrying
 from aqueduct_spark.testing import ServiceProcess, start_service
@@ -92,24 +98,30 @@ def test_a_wrong_or_missing_token_fails_at_once(
     assert right.list() == []
 
 
-def test_a_service_that_is_not_there_is_retried_then_reported(retries: Any) -> None:
-    """Nothing listens on TCP port 1: that may heal (a service starting), so it is retried
-    ``retries`` times, then reported as a lost connection, not as a configuration error."""
-    with pytest.raises(ConnectionLost) as failed:
+def test_a_service_that_is_not_there_is_retried_then_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens on TCP port 1: that may heal (a service starting), so connecting is
+    tried ``retries`` more times, then reported as unreachable, not as a configuration
+    error; the request itself is not retried on top of that."""
+    caplog.set_level(logging.DEBUG, logger="aqueduct.client")
+    with pytest.raises(ServiceUnreachable) as failed:
         Client("tcp://127.0.0.1:1", retries=2, retry_backoff=0.01).list()
     assert not isinstance(failed.value, CannotConnect)
-    assert "cannot reach the dataset service" in str(failed.value)
-    assert retries() == 2
+    assert "cannot reach the dataset service at tcp://127.0.0.1:1" in str(failed.value)
+    assert sum("trying again" in r.getMessage() for r in caplog.records) == 2
+    assert not any("retrying" in r.getMessage() for r in caplog.records)
 
 
-def test_one_address_that_can_heal_keeps_the_retries(retries: Any) -> None:
+def test_one_address_that_can_heal_keeps_the_retries(caplog: pytest.LogCaptureFixture) -> None:
     """Of two addresses, one does not resolve and one refuses: the second may come up."""
+    caplog.set_level(logging.DEBUG, logger="aqueduct.client")
     url = "tcp://no-such-service.invalid:4433,tcp://127.0.0.1:1"
-    with pytest.raises(ConnectionLost) as failed:
+    with pytest.raises(ServiceUnreachable) as failed:
         Client(url, retries=1, retry_backoff=0.01).list()
     assert not isinstance(failed.value, CannotConnect)
     assert "does not resolve" in str(failed.value) and "127.0.0.1:1" in str(failed.value)
-    assert retries() == 1
+    assert sum("trying again" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_subscription_ends_on_a_failure_that_cannot_heal(secured: Any) -> None:
@@ -153,6 +165,7 @@ def test_failures_are_classified_by_whether_they_can_heal() -> None:
     assert classify(P.InvalidRequest("bad")) is Kind.PERMANENT
     assert classify(Forbidden("marked by the service's class")) is Kind.PERMANENT
     assert classify(CannotConnect("x")) is Kind.PERMANENT
+    assert classify(ServiceUnreachable("tried for 5 s")) is Kind.UNREACHABLE
     assert classify(ConnectionLost("gone")) is Kind.TRANSIENT
     assert classify(ConnectionRefusedError()) is Kind.TRANSIENT
     assert classify(P.Unavailable("busy", {"retry_after": 0.5})) is Kind.WAIT
@@ -184,4 +197,6 @@ def test_a_watcher_retries_other_failures_for_ever() -> None:
     tries = Retrying(RetryPolicy.of(ClientConfig("quic://h", retries=1)).watching())
     for _ in range(100):
         assert tries.delay(P.DatasetNotFound("not yet")) is not None
+        assert tries.delay(ServiceUnreachable("down for now")) is not None
+    assert Retrying(RetryPolicy()).delay(ServiceUnreachable("down")) is None  # a request
     assert tries.delay(P.Unauthenticated("no")) is None

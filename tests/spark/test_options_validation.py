@@ -46,9 +46,10 @@ def test_options_left_out_give_the_client_its_own_defaults() -> None:
     """The client's settings that are options too default as the client would by itself."""
     given = parse({"url": URL, "path": "d"}).client_config()
     own = ClientConfig(URL)
-    assert (given.retries, given.timeout, given.compression) == (
+    assert (given.retries, given.timeout, given.connect_timeout, given.compression) == (
         own.retries,
         own.timeout,
+        own.connect_timeout,
         own.compression,
     )
     t, own_t = given.transport, TransportConfig()
@@ -60,7 +61,15 @@ def test_options_left_out_give_the_client_its_own_defaults() -> None:
 def test_every_documented_default_is_what_parse_gives() -> None:
     """An option written out with its documented default changes nothing."""
     plain = parse({"url": URL, "path": "d"})
-    unset = ("(required)", "none", "auto", "latest", "all", "none (env `AQUEDUCT_TOKEN`)")
+    unset = (
+        "(required)",
+        "none",
+        "auto",
+        "latest",
+        "all",
+        "none (env `AQUEDUCT_TOKEN`)",
+        "none (env `AQUEDUCT_FINGERPRINT`)",
+    )
     for o in OPTIONS:
         if o.default not in unset:
             assert parse({"url": URL, "path": "d", o.name: o.default}) == plain, o.name

@@ -1,0 +1,191 @@
+"""A service that is not there fails fast, naming the URL and how to start one: a real closed
+port (the host answers at once: ICMP port unreachable, TCP reset), a real silent one (a UDP
+socket and a TCP listener that never answer), through the Python client and the CLI (Spark:
+``tests/spark/test_unreachable.py``). And
+every client takes the service's address, token and fingerprint from the environment."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from aqueduct_core.errors import ConnectionLost
+from aqueduct_core.transport import ClientTLS
+from aqueduct_spark.cli import main as cli
+from aqueduct_spark.client import CannotConnect, Client, ServiceUnreachable
+from aqueduct_spark.testing import ServiceProcess, start_service
+
+
+def closed_port() -> int:
+    """A port nothing listens on, over UDP or TCP (bound, then released)."""
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        port = tcp.getsockname()[1]
+        udp.bind(("127.0.0.1", port))
+    return port
+
+
+@pytest.fixture
+def silent() -> Iterator[int]:
+    """A port where packets arrive and nothing ever answers: a UDP socket that never reads,
+    and a TCP listener whose kernel completes the handshake but which never speaks TLS."""
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        port = tcp.getsockname()[1]
+        udp.bind(("127.0.0.1", port))
+        tcp.listen(16)
+        yield port
+
+
+@pytest.mark.parametrize("scheme,transport", [("quic", "auto"), ("quic", "quic"), ("tcp", "tcp")])
+def test_a_wrong_port_fails_within_5_s_naming_the_url_and_aqueduct_serve(
+    scheme: str, transport: str
+) -> None:
+    url = f"{scheme}://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachable) as failed:
+        Client(url, transport=transport).list()  # default retries and timeouts
+    took = time.monotonic() - started
+    message = str(failed.value)
+    print(f"{transport}: failed after {took:.2f} s: {message}")
+    assert took <= 5.0
+    assert url in message and "nothing listens there" in message
+    assert "aqueduct serve --port" in message
+    assert "firewall" not in message  # the host said the port is closed: no need to guess
+    assert isinstance(failed.value, ConnectionLost)  # still caught where lost connections are
+
+
+def test_an_http_url_fails_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="not HTTP"):
+        Client("http://127.0.0.1:4433").list()
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_silent_service_fails_within_the_connect_timeout(silent: int) -> None:
+    """Nothing answers at all (a firewall that drops): the default budget, 5 s, not the
+    handshake timeout (10 s) times the attempts."""
+    url = f"quic://127.0.0.1:{silent}"
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachable) as failed:
+        Client(url).list()
+    took = time.monotonic() - started
+    print(f"a silent service: failed after {took:.2f} s")
+    assert 4.5 <= took <= 6.0  # the budget, and not much more (cancelling takes a moment)
+    message = str(failed.value)
+    assert url in message and "no answer within 5 s" in message
+    assert "aqueduct serve" in message and "firewall" in message
+
+
+def test_the_connect_timeout_is_an_option(silent: int) -> None:
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachable, match="no answer within 1 s"):
+        Client(f"tcp://127.0.0.1:{silent}", connect_timeout=1.0).list()
+    assert time.monotonic() - started < 2.5
+
+
+def test_the_next_address_is_tried_within_the_same_budget(service: ServiceProcess) -> None:
+    """A closed port first, then the service: the client goes on to the second at once."""
+    url = f"quic://127.0.0.1:{closed_port()},{service.url}"
+    started = time.monotonic()
+    client = Client(url, tls=ClientTLS(fingerprint=service.fingerprint))
+    assert client.list() == []
+    assert time.monotonic() - started < 3.0
+    client.close()
+
+
+def test_a_name_that_does_not_resolve_still_fails_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(CannotConnect, match="does not resolve"):
+        Client("quic://no-such-service.invalid:4433").list()
+    assert time.monotonic() - started < 5.0  # one resolver round, no retries
+
+
+def test_the_cli_fails_within_5_s_on_a_wrong_port(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"quic://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    assert cli(["ls", "--url", url]) == 1
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    print(f"aqueduct ls: failed after {took:.2f} s: {err}")
+    assert took <= 5.0
+    assert url in err and "aqueduct serve" in err
+    assert "ServiceUnreachable" not in err  # no class names (issue 20, item 9)
+
+
+def test_the_cli_refuses_an_http_url_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    assert cli(["ls", "--url", "http://127.0.0.1:4433"]) == 2
+    assert time.monotonic() - started < 1.0
+    err = capsys.readouterr().err
+    assert "not HTTP" in err and "quic://host:port" in err
+
+
+# -- the environment -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    svc = start_service(tmp_path_factory.mktemp("env-root"), token="env-token")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def environment(secured: ServiceProcess, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {
+        "AQUEDUCT_URL": secured.url,
+        "AQUEDUCT_TOKEN": "env-token",
+        "AQUEDUCT_FINGERPRINT": secured.fingerprint,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def test_the_python_client_reads_url_token_and_fingerprint_from_the_environment(
+    environment: dict[str, str],
+) -> None:
+    client = Client()
+    assert client.list() == []
+    assert client.config.url == environment["AQUEDUCT_URL"]
+    client.close()
+
+
+def test_given_settings_win_over_the_environment(
+    environment: dict[str, str], secured: ServiceProcess
+) -> None:
+    wrong = Client(secured.url, token="not-the-token", retries=0)
+    with pytest.raises(Exception, match="token"):
+        wrong.list()
+    assert Client(secured.url, tls=ClientTLS(insecure=True)).config.tls.fingerprint is None
+
+
+def test_no_url_anywhere_names_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AQUEDUCT_URL", raising=False)
+    with pytest.raises(ValueError, match="AQUEDUCT_URL"):
+        Client()
+
+
+def test_spark_options_read_the_fingerprint_from_the_environment(
+    environment: dict[str, str],
+) -> None:
+    from aqueduct_spark.datasource.options import parse
+
+    opts = parse({"path": "t"})
+    assert opts.url == environment["AQUEDUCT_URL"]
+    assert opts.token == "env-token"
+    assert opts.fingerprint == environment["AQUEDUCT_FINGERPRINT"]
+    config = opts.client_config()
+    assert config.tls.fingerprint == environment["AQUEDUCT_FINGERPRINT"]
+    # An explicit way to trust wins over the environment's fingerprint.
+    assert parse({"path": "t", "insecure": "true"}).fingerprint is None
+
+
+def test_the_cli_reads_the_environment(
+    environment: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["ls"]) == 0, capsys.readouterr().err

@@ -102,6 +102,7 @@ def start_service(
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
+            proc.stdout.close()
             raise RuntimeError(f"aqueduct serve exited with {proc.wait()}")
         if line.startswith("AQUEDUCT_READY "):
             info = json.loads(line.split(" ", 1)[1])

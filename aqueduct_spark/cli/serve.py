@@ -257,7 +257,7 @@ def _metrics_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _worker_specs(spec: dict[str, Any], workers: int) -> list[dict[str, Any]]:
     """One spec per worker: each worker has its own metrics port, --metrics-port + its
-    number (0, 1, ...), or a free port each with --metrics-port 0."""
+    number (0, 1, ...), or with --metrics-port 0 a free one it binds itself (and logs)."""
     metrics = spec["metrics"]
     if metrics is None:
         return [spec] * workers
@@ -266,7 +266,7 @@ def _worker_specs(spec: dict[str, Any], workers: int) -> list[dict[str, Any]]:
         raise ValueError(f"--metrics-port {first} leaves no room for {workers} workers' ports")
     out = []
     for i in range(workers):
-        port = first + i if first else _free_tcp_port(metrics["host"])
+        port = first + i if first else 0
         out.append({**spec, "metrics": {**metrics, "port": port, "worker": i}})
     return out
 
@@ -368,12 +368,6 @@ def _metrics_port_error(metrics: dict[str, Any], exc: OSError) -> Exception:
         f"{exc.strerror or exc}; choose another --metrics-port (0: any free port) or "
         "--metrics-host"
     )
-
-
-def _free_tcp_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _free_port(host: str, transports: tuple[str, ...]) -> int:

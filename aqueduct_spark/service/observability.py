@@ -179,7 +179,9 @@ class Metrics:
             registry=reg,
         )
         self.commits = Counter(
-            "aqueduct_commits", "Commits that made a new dataset version.", registry=reg
+            "aqueduct_commits",
+            "Requests answered with a new version (commit, compact, restore, delete).",
+            registry=reg,
         )
         self.commit_seconds = Histogram(
             "aqueduct_commit_duration_seconds",

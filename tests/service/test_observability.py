@@ -31,22 +31,6 @@ WRONG = "wrong-4d20aa-never-logged"
 BATCHES, ROWS = 6, 2000
 
 
-def free_tcp_port(count: int = 1) -> int:
-    """A port p with p .. p+count-1 free on loopback (TCP)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return int(first)
-    raise RuntimeError("no free run of TCP ports on loopback")
-
-
 def get(url: str) -> tuple[int, str, str]:
     """(status, content type, body) of a real HTTP GET."""
     try:
@@ -88,16 +72,24 @@ def wait_for_line(log: Path, logger: str = "aqueduct.access", **match: Any) -> d
         time.sleep(0.05)
 
 
+def metrics_urls(log: Path) -> list[str]:
+    """Where each service process's metrics port listens, as its log says (``--metrics-port
+    0``: a port the process bound itself, so no other process can take it meanwhile)."""
+    lines = log_lines(log, "aqueduct.service")
+    return [x["url"] for x in lines if x["msg"] == "metrics and health endpoint listening"]
+
+
 @pytest.fixture(scope="module")
 def observed(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ServiceProcess, str, Path]]:
     root = tmp_path_factory.mktemp("observed")
     log = root.parent / "observed-service.log"
-    port = free_tcp_port()
-    flags = ["--metrics-port", str(port), "--log-format", "json"]
+    flags = ["--metrics-port", "0", "--log-format", "json"]
     svc = start_service(root, token=TOKEN, args=flags, log=log)
-    yield svc, f"http://127.0.0.1:{port}", log
+    (url,) = metrics_urls(log)  # logged before the ready line
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url
+    yield svc, url, log
     svc.stop()
 
 
@@ -218,18 +210,38 @@ def test_health_answers_and_unknown_paths_do_not(
 
 
 def test_each_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
-    port = free_tcp_port(2)
-    svc = start_service(tmp_path / "root", workers=2, args=["--metrics-port", str(port)])
+    log = tmp_path / "workers.log"
+    flags = ["--metrics-port", "0", "--log-format", "json"]
+    svc = start_service(tmp_path / "root", workers=2, args=flags, log=log)
     try:
+        urls = metrics_urls(log)  # every worker listens before the ready line
+        assert len(set(urls)) == 2, urls
         workers = set()
-        for p in (port, port + 1):
-            status, _, body = get(f"http://127.0.0.1:{p}/health")
+        for url in urls:
+            status, _, body = get(url + "/health")
             assert status == 200
             workers.add(json.loads(body)["worker"])
-            assert "aqueduct_connections_open" in get(f"http://127.0.0.1:{p}/metrics")[2]
+            assert "aqueduct_connections_open" in get(url + "/metrics")[2]
         assert workers == {0, 1}
     finally:
         svc.stop()
+
+
+def test_worker_i_gets_metrics_port_plus_i() -> None:
+    from aqueduct_spark.cli.serve import _worker_specs
+
+    metrics = {"host": "10.0.0.5", "port": 9464, "worker": None}
+    got = [s["metrics"] for s in _worker_specs({"metrics": metrics}, 3)]
+    assert [(m["host"], m["port"], m["worker"]) for m in got] == [
+        ("10.0.0.5", 9464, 0),
+        ("10.0.0.5", 9465, 1),
+        ("10.0.0.5", 9466, 2),
+    ]
+    free = _worker_specs({"metrics": {**metrics, "port": 0}}, 2)
+    assert [s["metrics"]["port"] for s in free] == [0, 0]  # each binds a free one itself
+    assert _worker_specs({"metrics": None}, 2) == [{"metrics": None}] * 2
+    with pytest.raises(ValueError, match="no room for 3 workers"):
+        _worker_specs({"metrics": {**metrics, "port": 65534}}, 3)
 
 
 def test_a_metrics_port_in_use_stops_the_start_with_the_fix(tmp_path: Path) -> None:

@@ -106,10 +106,9 @@ def check_schema(
         raise DatasetExists(
             f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
         )
-    table = tables.open_table(name)
-    current = pa.schema(table.schema().to_arrow())
+    current, table_parts = group_commit.SNAPSHOTS.schema(tables, name)
     if mode == "overwrite" and overwrite_schema:
-        lost = [c for c in table.metadata().partition_columns if c not in given.names]
+        lost = [c for c in table_parts if c not in given.names]
         if lost:
             raise SchemaMismatch(
                 f"the new schema of dataset {name!r} lacks its partition columns {lost}; "
@@ -117,7 +116,7 @@ def check_schema(
             )
         return given
     if merge_schema:
-        write = _merge_write(name, current, given, table.metadata().partition_columns)
+        write = _merge_write(name, current, given, table_parts)
         if replace_where is not None:
             predicates.bind(replace_where, merged(current, write))
         return write
@@ -273,17 +272,19 @@ def commit(
             raise DatasetExists(
                 f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
             )
+        if mode == "append" and not merge_schema and group_commit.enabled():
+            # shares a commit with the appends queued meanwhile (group_commit)
+            grouped = group_commit.append(
+                tables, name, given, partition_by, files, fs, app_id, app_version, check_schema
+            )
+            if grouped is not None:
+                return grouped
         table = tables.open_table(name)
         done = _already_applied(table, app_id, app_version)
         if done is not None:
             return done
         table_parts = tuple(table.metadata().partition_columns)
-        if tuple(partition_by) not in ((), table_parts):
-            raise SchemaMismatch(
-                f"dataset {name!r} is partitioned by {list(table_parts)}, the write by "
-                f"{list(partition_by)}; partitioning cannot change: write with "
-                f"partition_by={list(table_parts)}, or drop and recreate the dataset"
-            )
+        group_commit.check_partitioning(name, table_parts, partition_by)
         write_schema = check_schema(
             tables, name, given, mode, overwrite_schema, merge_schema, replace_where
         )
@@ -298,16 +299,6 @@ def commit(
                 TableFeatures.TimestampWithoutTimezone, allow_protocol_versions_increase=True
             )
             table = tables.open_table(name)
-        if mode == "append" and not merge_schema and group_commit.enabled():
-            # checked here, in this writer's thread; committed with whatever else is queued
-            adds = staging.verify_staged(name, fs, files, write_schema, table_parts, set())
-            append = group_commit.Append(adds, write_schema, table_parts, app_id, app_version)
-            return group_commit.GROUPS.submit(
-                (tables.root, name),
-                append,
-                lambda b: group_commit.commit_appends(tables, name, b),
-                app_id,
-            )
         active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
         adds = staging.verify_staged(name, fs, files, write_schema, table_parts, active)
         meta = commit_meta(mode, adds, commit_id)

@@ -21,13 +21,15 @@ commits on its own: the baseline of ``benchmarks/bench_commits.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
@@ -38,9 +40,16 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from aqueduct_spark.protocol import CommitResult, Conflict, InternalError, InvalidRequest
+from aqueduct_spark.protocol import (
+    CommitResult,
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    SchemaMismatch,
+    StagedFile,
+)
 
-from . import delta_log, staging
+from . import delta_log, delta_types, staging
 from .tables import Tables, delta_error
 
 T = TypeVar("T")
@@ -157,6 +166,123 @@ GROUPS = Groups()
 """The process's queues: every Store of one root shares them."""
 
 
+@dataclass(eq=False)
+class _Latest:
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    table: DeltaTable | None = None
+    fs: Any = None
+    mark: tuple[int, Any] = (-1, None)  # a version and its commit file's (size, mtime)
+
+
+class Snapshots:
+    """The latest version of each dataset, one Delta table handle per dataset kept up to date
+    with ``update_incremental`` (it reads the new commits only; a full load replays the log
+    from the last checkpoint, up to 100 commit files: 10-100x slower on an object store).
+    A dataset dropped and created again is noticed by its commit file changing, and loaded
+    afresh. Thread-safe: a handle is used by one thread at a time, under its lock."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._size = size
+        self._latest: OrderedDict[Hashable, _Latest] = OrderedDict()
+
+    @contextlib.contextmanager
+    def table(self, tables: Tables, name: str) -> Iterator[DeltaTable]:
+        """The latest version's handle, for use inside the ``with`` block only."""
+        key = (tables.root, name)
+        with self._lock:
+            entry = self._latest.pop(key, None) or _Latest()
+            self._latest[key] = entry
+            while len(self._latest) > self._size:
+                self._latest.popitem(last=False)
+        with entry.lock:
+            try:
+                yield self._refresh(tables, name, entry)
+            except BaseException:
+                entry.table = None  # whatever broke, the next use loads afresh
+                raise
+
+    @staticmethod
+    def _refresh(tables: Tables, name: str, entry: _Latest) -> DeltaTable:
+        def mark(version: int) -> tuple[int, Any]:
+            info = entry.fs.get_file_info(f"_delta_log/{version:020d}.json")
+            return version, (info.size, info.mtime_ns)
+
+        if entry.table is not None:
+            try:
+                if mark(entry.mark[0]) == entry.mark:  # still the table we loaded
+                    entry.table.update_incremental()
+                    entry.mark = mark(entry.table.version())
+                    return entry.table
+            except (DeltaError, OSError):
+                pass
+        entry.table = None
+        entry.fs = tables.filesystem(name)
+        table = tables.open_table(name)
+        entry.mark = mark(table.version())
+        entry.table = table
+        return table
+
+    def filesystem(self, tables: Tables, name: str) -> Any:
+        """The dataset's filesystem, as :meth:`Tables.filesystem` (kept: making one for an
+        object store costs about 10 ms)."""
+        with self._lock:
+            entry = self._latest.get((tables.root, name))
+        return entry.fs if entry is not None and entry.fs is not None else tables.filesystem(name)
+
+    def schema(self, tables: Tables, name: str) -> tuple[pa.Schema, tuple[str, ...]]:
+        """The latest version's schema and partition columns."""
+        with self.table(tables, name) as table:
+            return pa.schema(table.schema().to_arrow()), tuple(table.metadata().partition_columns)
+
+
+SNAPSHOTS = Snapshots()
+
+
+def check_partitioning(
+    name: str, table_parts: tuple[str, ...], partition_by: Sequence[str]
+) -> None:
+    if tuple(partition_by) not in ((), table_parts):
+        raise SchemaMismatch(
+            f"dataset {name!r} is partitioned by {list(table_parts)}, the write by "
+            f"{list(partition_by)}; partitioning cannot change: write with "
+            f"partition_by={list(table_parts)}, or drop and recreate the dataset"
+        )
+
+
+def append(
+    tables: Tables,
+    name: str,
+    given: pa.Schema,
+    partition_by: Sequence[str],
+    files: Sequence[StagedFile],
+    fs: Any,
+    app_id: str | None,
+    app_version: int | None,
+    check_schema: Callable[[Tables, str, pa.Schema, str], pa.Schema],
+) -> CommitResult | None:
+    """Append ``files`` to the existing dataset ``name`` in the next group commit: checked
+    here, in the writer's thread, then queued. None: the append takes the ordinary path
+    (its columns need a protocol feature the table lacks)."""
+    with SNAPSHOTS.table(tables, name) as table:
+        done = already_applied(table, app_id, app_version)
+        parts = tuple(table.metadata().partition_columns)
+        features = table.protocol().reader_features or []
+    if done is not None:
+        return done
+    check_partitioning(name, parts, partition_by)
+    write_schema = check_schema(tables, name, given, "append")
+    if delta_types.needs_timestamp_ntz(write_schema) and "timestampNtz" not in features:
+        return None
+    adds = staging.verify_staged(name, fs, files, write_schema, parts, set())
+    return GROUPS.submit(
+        (tables.root, name),
+        Append(adds, write_schema, parts, app_id, app_version),
+        lambda b: commit_appends(tables, name, b),
+        app_id,
+    )
+
+
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry ``attempt`` (1, 2, ...) of a commit that lost to others:
     "full jitter", so writers that collided spread out instead of colliding again."""
@@ -190,67 +316,12 @@ def commit_appends(
     for attempt in range(APPEND_ATTEMPTS):
         if failure is not None:
             time.sleep(backoff(attempt))
-        table = tables.open_table(name)
-        current = pa.schema(table.schema().to_arrow())
-        parts = tuple(table.metadata().partition_columns)
-        paths = pa.table(table.get_add_actions()).column("path").to_pylist()
-        active = {unquote(p) for p in paths}
-        live = []
-        for i, append in enumerate(batch):
-            if i in out:
-                continue
-            done = already_applied(table, append.app_id, append.app_version)
-            if done is not None:
-                out[i] = done
-            elif append.schema != current or append.parts != parts:
-                out[i] = Conflict(
-                    f"the schema of dataset {name!r} changed while the append waited to "
-                    "commit; its staged files are kept: check the schema, stage again"
-                )
-            elif any(a.path in active for a in append.adds):
-                out[i] = InvalidRequest(
-                    f"staged files of this append are already part of dataset {name!r}; a "
-                    "commit can only be repeated safely with an app_id and app_version"
-                )
-            else:
-                live.append(i)
-        if not live:
-            break
-        adds: list[AddAction | RemoveAction] = [a for i in live for a in batch[i].adds]
-        meta = {**commit_meta("append", batch[live[0]].adds, group_id), "writers": len(live)}
-        for i in live[1:]:
-            own = commit_meta("append", batch[i].adds)
-            meta.update({k: meta[k] + own[k] for k in ("rows", "bytes", "files")})
-            meta["txns"] = sorted({*meta["txns"], *own["txns"]})
-        meta["data_change"] = bool(adds)
-        txns = [
-            Transaction(a.app_id, a.app_version)
-            for a in (batch[i] for i in live)
-            if a.app_id is not None and a.app_version is not None
-        ]
-        before = table.version()
-        try:
-            table.create_write_transaction(
-                adds,
-                mode="append",
-                schema=DeltaSchema.from_arrow(current),
-                partition_by=list(parts),
-                commit_properties=CommitProperties(
-                    custom_metadata={METADATA_KEY: meta}, app_transactions=txns or None
-                ),
-                post_commithook_properties=tables.commit_hooks,
-            )
-        except CommitFailedError as exc:
-            failure = exc  # an append rebases onto anything: reload, check again, retry
+        with SNAPSHOTS.table(tables, name) as table:
+            fs = SNAPSHOTS.filesystem(tables, name)
+            status = _commit_batch(tables, name, table, fs, batch, out, group_id)
+        if isinstance(status, CommitFailedError):
+            failure = status  # an append rebases onto anything: reload, check again, retry
             continue
-        except DeltaError as exc:
-            error = delta_error(name, exc)
-            out.update((i, error) for i in live)
-            break
-        version = find_commit(tables, name, before, group_id)
-        for i in live:
-            own = commit_meta("append", batch[i].adds, group_id)
-            out[i] = CommitResult(version, own["rows"], own["bytes"], own["files"], True)
         break
     conflict = Conflict(
         f"the append to dataset {name!r} conflicted with concurrent commits "
@@ -259,14 +330,88 @@ def commit_appends(
     return [out.get(i, conflict) for i in range(len(batch))]
 
 
-def find_commit(tables: Tables, name: str, before: int, commit_id: str) -> int:
-    """The version our commit landed at (after deltalake's retries, maybe much later)."""
-    fs = tables.filesystem(name)
-    later = [v for v in sorted(delta_log.commit_times(fs)) if v > before]
-    for v, actions in zip(later, delta_log.read_logs(fs, later), strict=True):
+def _commit_batch(
+    tables: Tables,
+    name: str,
+    table: DeltaTable,
+    fs: Any,
+    batch: list[Append],
+    out: dict[int, CommitResult | Exception],
+    group_id: str,
+) -> CommitFailedError | None:
+    """One attempt of :func:`commit_appends`: outcomes go into ``out``; a commit that lost
+    is returned, to be retried."""
+    current = pa.schema(table.schema().to_arrow())
+    parts = tuple(table.metadata().partition_columns)
+    active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
+    live = []
+    for i, append in enumerate(batch):
+        if i in out:
+            continue
+        done = already_applied(table, append.app_id, append.app_version)
+        if done is not None:
+            out[i] = done
+        elif append.schema != current or append.parts != parts:
+            out[i] = Conflict(
+                f"the schema of dataset {name!r} changed while the append waited to "
+                "commit; its staged files are kept: check the schema, stage again"
+            )
+        elif any(a.path in active for a in append.adds):
+            out[i] = InvalidRequest(
+                f"staged files of this append are already part of dataset {name!r}; a "
+                "commit can only be repeated safely with an app_id and app_version"
+            )
+        else:
+            live.append(i)
+    if not live:
+        return None
+    adds: list[AddAction | RemoveAction] = [a for i in live for a in batch[i].adds]
+    meta = {**commit_meta("append", batch[live[0]].adds, group_id), "writers": len(live)}
+    for i in live[1:]:
+        own = commit_meta("append", batch[i].adds)
+        meta.update({k: meta[k] + own[k] for k in ("rows", "bytes", "files")})
+        meta["txns"] = sorted({*meta["txns"], *own["txns"]})
+    meta["data_change"] = bool(adds)
+    txns = [
+        Transaction(a.app_id, a.app_version)
+        for a in (batch[i] for i in live)
+        if a.app_id is not None and a.app_version is not None
+    ]
+    before = table.version()
+    try:
+        table.create_write_transaction(
+            adds,
+            mode="append",
+            schema=DeltaSchema.from_arrow(current),
+            partition_by=list(parts),
+            commit_properties=CommitProperties(
+                custom_metadata={METADATA_KEY: meta}, app_transactions=txns or None
+            ),
+            post_commithook_properties=tables.commit_hooks,
+        )
+    except CommitFailedError as exc:
+        return exc
+    except DeltaError as exc:
+        error = delta_error(name, exc)
+        out.update((i, error) for i in live)
+        return None
+    version = find_commit(tables, name, before, group_id, fs)
+    for i in live:
+        own = commit_meta("append", batch[i].adds, group_id)
+        out[i] = CommitResult(version, own["rows"], own["bytes"], own["files"], True)
+    return None
+
+
+def find_commit(tables: Tables, name: str, before: int, commit_id: str, fs: Any = None) -> int:
+    """The version our commit landed at (after deltalake's retries, maybe much later): the
+    commits after ``before`` are read in turn (usually the first is ours)."""
+    fs = fs or tables.filesystem(name)
+    version = before + 1
+    while actions := delta_log.read_log(fs, version):
         meta = delta_log.commit_info(actions).get(METADATA_KEY)
         if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
-            return v
+            return version
+        version += 1
     raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
 
 

@@ -15,7 +15,7 @@ from delta_store_helpers import stage
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from aqueduct_spark.protocol import CommitResult, Conflict, InvalidRequest
+from aqueduct_spark.protocol import CommitResult, Conflict, InvalidRequest, SchemaMismatch
 from aqueduct_spark.service import commits, delta_log, group_commit
 from aqueduct_spark.service.store import Store
 
@@ -165,3 +165,19 @@ def test_a_lost_commit_is_retried_with_jittered_backoff_then_conflict(
     spread = {round(commits.backoff(4), 6) for _ in range(20)}
     assert len(spread) > 10 and max(spread) <= 1.6  # jittered, capped per attempt
     assert delta_log.commit_times(store.filesystem("d")).keys() == {0, 1}
+
+
+def test_a_dataset_dropped_and_created_again_is_seen_afresh(store: Store) -> None:
+    """The latest version's handle is kept between commits (read incrementally): a table
+    dropped and created again under the name is noticed, not appended to as the old one."""
+    schema, files = stage(store, "d", ids(0, 2))
+    assert store.commit("d", "append", schema, (), files).version == 1
+    store.drop("d")
+    other = pa.schema([("name", pa.string())])
+    store.create("d", other)
+    with pytest.raises(SchemaMismatch, match="does not match the schema"):
+        store.check_schema("d", SCHEMA, "append")
+    schema, files = stage(store, "d", pa.table({"name": ["a", "b", "c"]}))
+    result = store.commit("d", "append", schema, (), files)
+    assert (result.version, result.rows) == (1, 3)
+    assert DeltaTable(store.uri("d")).to_pyarrow_table().num_rows == 3

@@ -310,7 +310,7 @@ def _observability_options(p: argparse.ArgumentParser) -> None:
         "--log-level",
         choices=["debug", "info", "warning", "error"],
         default=None,
-        help="least severe log records shown (default info; debug with -v)",
+        help="least severe log records shown (default info; debug with -v, warning with -q)",
     )
     g.add_argument(
         "--log-format",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +93,10 @@ async def start_http(
         finally:
             writer.close()
 
-    server = await asyncio.start_server(answer, host, port, limit=MAX_HEAD)
+    if host == "::":  # every address, IPv4 too, as the service's own socket does
+        server = await asyncio.start_server(answer, sock=_dual_stack(port), limit=MAX_HEAD)
+    else:
+        server = await asyncio.start_server(answer, host, port, limit=MAX_HEAD)
     bound = server.sockets[0].getsockname()
     endpoint = HttpEndpoint(server, str(bound[0]), int(bound[1]))
     log.info(
@@ -100,6 +104,19 @@ async def start_http(
         extra={"fields": {"url": endpoint.url, "paths": "/metrics /health"}},
     )
     return endpoint
+
+
+def _dual_stack(port: int) -> socket.socket:
+    """A TCP socket on ``[::]:port`` that takes IPv4 too (asyncio would make it IPv6 only)."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}

@@ -327,3 +327,22 @@ def test_status_of_a_service_that_is_not_there_is_down() -> None:
     assert done.returncode == 1
     report = json.loads(done.stdout)
     assert report["status"] == "down" and f"127.0.0.1:{port}" in report["error"]
+
+
+def test_a_metrics_host_of_colons_answers_ipv4_and_ipv6() -> None:
+    """``--host ::`` serves clients over IPv6 and IPv4; so does its metrics port."""
+    import asyncio
+
+    from aqueduct_spark.service.health import start_http
+    from aqueduct_spark.service.observability import Observer
+
+    async def both() -> list[int]:
+        endpoint = await start_http(Observer(), "::", 0)
+        loop = asyncio.get_running_loop()
+        try:
+            urls = [f"http://{h}:{endpoint.port}/health" for h in ("127.0.0.1", "[::1]")]
+            return [(await loop.run_in_executor(None, get, url))[0] for url in urls]
+        finally:
+            await endpoint.close()
+
+    assert asyncio.run(both()) == [200, 200]

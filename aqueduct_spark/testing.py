@@ -242,6 +242,8 @@ def start_seaweed(data_dir: Path, bucket: str = "aqueduct-test", timeout: float 
     cmd = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
     cmd += [f"-dir={data_dir}", "-filer", "-s3", f"-s3.config={config}", "-volume.max=0"]
     cmd += ["-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=0"]
+    # off: the fixed ports of these would collide between stores started at once
+    cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-iam=false", "-master.telemetry=false"]
     cmd += [f"-filer.localSocket={data_dir}/filer.sock", f"-s3.localSocket={data_dir}/s3.sock"]
     cmd += [f"-{flag}={port}" for flag, port in ports.items()]
     log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 (the process holds it)

@@ -40,6 +40,7 @@ from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
+from aqueduct_spark.service.watch import LogWatch
 
 log = logging.getLogger("aqueduct.service")
 
@@ -65,7 +66,8 @@ class ServiceConfig:
     """Target size of one scan split (one Spark task)."""
     max_batch_bytes: int = P.MAX_BATCH_BYTES
     poll_interval: float = 0.5
-    """How often datasets with subscribers are checked for commits made elsewhere."""
+    """The longest a dataset with subscribers goes unchecked for commits made elsewhere
+    (checked every 50 ms right after a change, less often the longer it stays quiet)."""
     heartbeat: float = 2.0
     """A subscription hearing nothing new for this long gets the latest version again: it
     keeps the connection from going idle, and lets the client notice a service that died."""
@@ -372,16 +374,12 @@ class DatasetService:
                     del self._subscribers[name]
 
     async def _poll(self) -> None:
-        """Commits by other service processes (or any Delta writer) are found by polling."""
+        """Commits by other service processes (or any Delta writer) are found by watching
+        each subscribed dataset's log: one adaptive poll per dataset (:mod:`.watch`)."""
         try:
-            while self._subscribers:
-                await asyncio.sleep(self.config.poll_interval)
-                for name in list(self._subscribers):
-                    try:
-                        latest = await self._pool.run(self, self.store.latest_version, name)
-                    except P.DatasetError:
-                        continue
-                    self._notify(name, latest)
+            run = partial(self._pool.run, self)
+            watch = LogWatch(self.store, run, self._notify, slow=self.config.poll_interval)
+            await watch.watch(lambda: list(self._subscribers))
         finally:
             self._poller = None
 

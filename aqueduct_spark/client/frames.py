@@ -10,6 +10,7 @@ hands its buffers over through ``__arrow_c_stream__``, and ``pl.from_arrow`` tak
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -32,8 +33,17 @@ def to_arrow(data: Any) -> Any:
         return table.replace_schema_metadata(None)
     if hasattr(data, "__arrow_c_stream__"):
         return pa.table(data)
-    if hasattr(data, "to_arrow") and type(data).__module__.startswith("polars"):
-        return data.to_arrow()  # an old Polars without the stream protocol
+    if type(data).__module__.startswith("polars"):
+        if hasattr(data, "collect"):
+            raise TypeError("a Polars LazyFrame cannot be written as it is: collect() it first")
+        if hasattr(data, "to_arrow"):
+            return data.to_arrow()  # an old Polars without the stream protocol
+    if not isinstance(data, Iterable) or isinstance(data, str | bytes | Mapping):
+        raise TypeError(
+            f"cannot write a {type(data).__name__}: give a pyarrow Table or RecordBatch, an "
+            "iterable of RecordBatches, a pandas or Polars DataFrame, or any object with "
+            "__arrow_c_stream__"
+        )
     return data
 
 

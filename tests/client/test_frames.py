@@ -84,3 +84,16 @@ def test_the_client_closes_its_connection_on_leaving_with(service: ServiceProces
         client.list()
         assert client.transport is not None
     assert client.transport is None  # the pooled connection is closed and unpooled
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (pl.DataFrame({"n": [1]}).lazy(), r"LazyFrame .* collect\(\) it first"),
+        ({"n": [1]}, r"cannot write a dict: give a pyarrow Table"),
+        (42, r"cannot write a int"),
+    ],
+)
+def test_what_cannot_be_written_is_named_before_connecting(data: Any, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        frames.to_arrow(data)

@@ -55,9 +55,9 @@ def test_ls_json_goes_through_json_tool(service: ServiceProcess) -> None:
 
 def test_cat_into_head_exits_cleanly(service: ServiceProcess) -> None:
     """``head`` closes the pipe after one line, long before ``cat`` is done."""
-    n = 200_000
+    n = 100_000  # as JSON lines, far more than a pipe holds: cat must meet the closed pipe
     service.client().overwrite("piped", pa.table({"id": pa.array(range(n), pa.int64())}))
-    for fmt in ("json", "csv", "table"):
+    for fmt in ("table", "json"):  # the default, and the one scripts read line by line
         done = shell(
             f"aqueduct cat piped --format {fmt} | head -1; echo status ${{PIPESTATUS[*]}}",
             service,
@@ -65,7 +65,7 @@ def test_cat_into_head_exits_cleanly(service: ServiceProcess) -> None:
         first, status = done.stdout.splitlines()
         assert status == "status 0 0", (fmt, done.stderr)
         assert done.stderr == "", fmt  # no BrokenPipeError, no "Exception ignored"
-        assert first in ('{"id": 0}', '"id"', "pyarrow.Table")
+        assert first in ('{"id": 0}', "pyarrow.Table")
 
 
 def test_quiet_shows_no_progress_bar(service: ServiceProcess, tmp_path: Path) -> None:

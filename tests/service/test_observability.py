@@ -346,3 +346,32 @@ def test_a_metrics_host_of_colons_answers_ipv4_and_ipv6() -> None:
             await endpoint.close()
 
     assert asyncio.run(both()) == [200, 200]
+
+
+def test_a_reader_with_a_small_window_shows_as_credit_stalls(
+    observed: tuple[ServiceProcess, str, Path],
+) -> None:
+    """Batches bigger than the client's flow-control window, read slowly: the service's next
+    batch waits for the reader to take the one before (the engine counts each wait), and
+    the metric shows it. (A fast reader may take a batch before the next is ready: then
+    nothing waited, and nothing is counted.)"""
+    from aqueduct_core.engine import EngineConfig
+    from aqueduct_core.transport import TransportConfig
+
+    svc, base, _ = observed
+    rows = 20_000
+    names = pa.array([f"name-{i:08d}" for i in range(rows)])
+    svc.client().write("observed_stalls", pa.table({"id": range(rows), "name": names}))
+    before = value(scrape(base), "aqueduct_flow_control_stalls_total", kind="credit")
+    small = TransportConfig(engine=EngineConfig(flow_window=16 * 1024))
+    reader = svc.client(transport=small)
+    plan = reader.plan("observed_stalls")
+    got = 0
+    for split in plan.splits:
+        for batch in reader.scan(split, schema=plan.schema, batch_rows=2000):
+            got += batch.num_rows
+            time.sleep(0.1)  # a slow reader: the service has the next batch ready meanwhile
+    assert got == rows
+    after = value(scrape(base), "aqueduct_flow_control_stalls_total", kind="credit")
+    assert 5 <= after - before <= rows // 2000, (before, after)  # at most one per batch
+    reader.close()

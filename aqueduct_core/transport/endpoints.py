@@ -128,8 +128,9 @@ async def connect(
     elif tls.insecure:
         warn_insecure(host)
         qc.verify_mode = ssl.CERT_NONE
-    elif tls.cafile is not None:
-        qc.load_verify_locations(cafile=tls.cafile)
+    elif tls.cafile is not None or tls.cadata is not None:
+        cadata = tls.cadata.encode() if tls.cadata is not None else None
+        qc.load_verify_locations(cafile=tls.cafile, cadata=cadata)
     codecs = codecs or builtin_codecs()
     loop = asyncio.get_running_loop()
     target = f"quic://{host}:{port}"

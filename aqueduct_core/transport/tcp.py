@@ -78,8 +78,8 @@ def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
         ctx.verify_mode = ssl.CERT_NONE  # the pin is checked after the handshake
     else:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-        if tls.cafile is not None:
-            ctx.load_verify_locations(cafile=tls.cafile)
+        if tls.cafile is not None or tls.cadata is not None:
+            ctx.load_verify_locations(cafile=tls.cafile, cadata=tls.cadata)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.set_alpn_protocols([ALPN])
     return ctx

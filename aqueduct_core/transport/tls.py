@@ -35,11 +35,14 @@ class InsecureConnectionWarning(UserWarning):
 
 @dataclass(frozen=True)
 class ClientTLS:
-    """How a client checks the server. Exactly one of ``cafile``, ``fingerprint`` or
-    ``insecure=True``; with none, the system's trusted CAs are used."""
+    """How a client checks the server. Exactly one of ``cafile`` (or ``cadata``),
+    ``fingerprint`` or ``insecure=True``; with none, the system's trusted CAs are used."""
 
     cafile: str | None = None
     """PEM file of the CA(s) that signed the server certificate."""
+    cadata: str | None = None
+    """The same as PEM text: a CA read once where the file is and shipped to processes
+    that do not have the file (Spark's executors)."""
     fingerprint: str | None = None
     """SHA-256 of the server certificate (hex, colons optional), as ``aqueduct serve`` and
     ``aqueduct cert`` print it."""
@@ -49,7 +52,11 @@ class ClientTLS:
     """Name to check in the certificate; defaults to the host connected to."""
 
     def __post_init__(self) -> None:
-        chosen = [self.cafile is not None, self.fingerprint is not None, self.insecure]
+        chosen = [
+            self.cafile is not None or self.cadata is not None,
+            self.fingerprint is not None,
+            self.insecure,
+        ]
         if sum(chosen) > 1:
             raise ValueError("choose one of cafile, fingerprint or insecure, not several")
         if self.fingerprint is not None:

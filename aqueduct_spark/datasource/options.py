@@ -69,9 +69,9 @@ OPTIONS: tuple[Option, ...] = (
         "cafile",
         "none",
         "all",
-        "PEM file of the CA that signed the service certificate: an absolute path, checked on "
-        "the driver when the DataFrame or write is defined (it must also exist on every "
-        "executor).",
+        "PEM file of the CA that signed the service certificate: an absolute path on the "
+        "driver, read there when the DataFrame or write is defined and shipped to the "
+        "executors with the options (they need not have the file).",
     ),
     Option(
         "fingerprint",
@@ -330,6 +330,23 @@ def parse_file(name: str, value: str) -> str:
     return path
 
 
+def parse_ca(name: str, value: str) -> tuple[str, str]:
+    """The path and PEM text of a CA file, read on the driver before anything connects:
+    the text travels to the executors with the options, so they need not have the file."""
+    path = parse_file(name, value)
+    try:
+        with open(path, encoding="ascii") as f:
+            pem = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"option {name!r}: cannot read {path!r} ({exc})") from None
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise OptionError(
+            f"option {name!r}: {path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            "; give the CA file the service printed, e.g. <root>/.aqueduct-tls/ca.pem"
+        )
+    return path, pem
+
+
 @dataclass(frozen=True)
 class Options:
     """Parsed options. Picklable, so Spark ships it to executors. Only :func:`parse` makes
@@ -339,6 +356,9 @@ class Options:
     dataset: str
     token: str | None
     cafile: str | None
+    """The CA file's path on the driver, for messages; executors use ``ca_pem``."""
+    ca_pem: str | None
+    """The CA file's content, read on the driver."""
     fingerprint: str | None
     insecure: bool
     backend: str
@@ -395,8 +415,8 @@ class Options:
 
     def client_config(self) -> ClientConfig:
         """The dataset client's configuration for these options."""
-        if self.cafile is not None:
-            tls = ClientTLS(cafile=self.cafile)
+        if self.ca_pem is not None:
+            tls = ClientTLS(cadata=self.ca_pem)
         elif self.fingerprint is not None:
             tls = ClientTLS(fingerprint=self.fingerprint)
         else:
@@ -480,6 +500,7 @@ def parse(raw: Mapping[str, str]) -> Options:
         raise OptionError(
             f"choose one of cafile, fingerprint or insecure, not {' and '.join(trust)}"
         )
+    ca = parse_ca("cafile", get("cafile") or "") if get("cafile") else None
     compression = text("compression").lower()
     if compression not in ("none", "lz4", "zstd"):
         raise OptionError(f"option 'compression' must be none, lz4 or zstd, got {compression!r}")
@@ -523,7 +544,8 @@ def parse(raw: Mapping[str, str]) -> Options:
         url=url,
         dataset=dataset,
         token=get("token") or os.environ.get("AQUEDUCT_TOKEN"),
-        cafile=None if not get("cafile") else parse_file("cafile", get("cafile") or ""),
+        cafile=ca[0] if ca else None,
+        ca_pem=ca[1] if ca else None,
         # The environment's fingerprint only where the options choose no way to trust.
         fingerprint=get("fingerprint")
         or (None if trust else os.environ.get("AQUEDUCT_FINGERPRINT")),

@@ -64,6 +64,7 @@ class Reads(Session):
         delivered = 0
         tries = Retrying(RetryPolicy.of(self.config))
         while True:
+            held = self._held()
             try:
                 async for batch in self._scan_once(
                     split, schema, columns, filter, batch_rows, delivered
@@ -75,12 +76,11 @@ class Reads(Session):
                 # Refused for now (too many scans open on this connection: nothing was read,
                 # the connection is fine) waits as the service asks, for up to ``timeout``;
                 # a lost connection resumes on a new one, up to ``retries`` times in all.
-                pause = tries.delay(exc)
+                pause = self._pause(tries, exc, held)
                 if pause is None:
                     raise
                 if classify(exc) is Kind.TRANSIENT:
                     log.warning("scan interrupted (%s); resuming after batch %d", exc, delivered)
-                    self._forget_failed(exc)
                 await asyncio.sleep(pause)
 
     async def _scan_once(
@@ -112,7 +112,7 @@ class Reads(Session):
         try:
             while True:
                 try:
-                    delivery = await rx.recv_message()
+                    delivery = await self._nudged(conn, rx.recv_message())
                 except EndOfChannel:
                     return
                 error = P.find_header(delivery.headers, P.H_ERROR)

@@ -1,11 +1,28 @@
 """One connection to a dataset service, opened on first use and reopened after it is lost,
-and the request/reply exchange over it (with retries for idempotent requests)."""
+and the request/reply exchange over it (with retries for idempotent requests).
+
+A pooled connection can be dead without knowing it: the service restarted while it was quiet
+(a restarted service answers the next packet with a stateless reset, or TCP with a reset,
+but only once the client sends one). A request that can be repeated finds out and is retried
+on a new connection. One that cannot (a ``write``, whose data is streamed from the caller and
+is gone once sent; a ``commit`` without an application transaction) must not be the one to
+find out: before it, a connection quiet for :data:`PROBE_AFTER` is proven with a ``ping``
+round trip, which is retried like any idempotent request.
+
+A request already sent when the service died is answered by nobody. QUIC retransmits it with
+exponential backoff, so the restarted service may see the next copy (and answer with a
+reset) seconds after it is up; a scan waiting for data sends nothing at all and would wait
+out the idle timeout. So whatever waits on the service sends a ``ping`` on its connection
+every :data:`NUDGE` seconds that the connection stays silent: a packet that a restarted
+service resets at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,6 +38,13 @@ from aqueduct_spark.client.urls import parse_endpoints
 log = logging.getLogger("aqueduct.client")
 T = TypeVar("T")
 
+PROBE_AFTER = 1.0
+"""Seconds without an answer on a connection after which a request that cannot be repeated
+first proves it alive with a ``ping`` (one round trip)."""
+NUDGE = 0.5
+"""Seconds a connection may stay silent while something waits on it before a ``ping`` goes
+out on it (see the module's docstring)."""
+
 
 class Session:
     """An asyncio client's connection to one dataset service, and its requests."""
@@ -31,6 +55,10 @@ class Session:
         self._conn: Connection | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Future[None]] = set()
+        self._heard: tuple[Connection, float] | None = None
+        """The connection that last answered, and when (monotonic)."""
+        self._pinging: tuple[Connection, asyncio.Future[None]] | None = None
+        """The ping out on a connection (see :meth:`_nudge`)."""
 
     async def _connection(self) -> Connection:
         conn = self._conn
@@ -43,6 +71,7 @@ class Session:
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
             self._conn = await open_connection(self.config, self._endpoints, headers)
+            self._answered(self._conn)  # its handshake just proved it
             return self._conn
 
     def _drop_connection(self, conn: Connection) -> None:
@@ -75,36 +104,112 @@ class Session:
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         tries = Retrying(RetryPolicy.of(self.config))
         while True:
+            held = self._held()
             try:
                 return await attempt()
             except BaseException as exc:
-                pause = tries.delay(exc)
+                pause = self._pause(tries, exc, held)
                 if pause is None:
                     raise
                 log.warning("request to the dataset service failed (%s); retrying", exc)
-                self._forget_failed(exc)
                 await asyncio.sleep(pause)
+
+    def _held(self) -> Connection | None:
+        """The open connection an attempt is about to use, if there is one already."""
+        conn = self._conn
+        return conn if conn is not None and not conn.is_closed else None
+
+    def _pause(self, tries: Retrying, exc: BaseException, held: Connection | None) -> float | None:
+        """Seconds to wait before the next attempt after ``exc`` (None: give up), and the
+        connection forgotten if it failed. A connection that was open before the operation
+        and is found dead is replaced at once: the service that reset it is up again (a
+        restarted one). Only a new connection that fails backs off."""
+        pause = tries.delay(exc)
+        if pause is None:
+            return None
+        self._forget_failed(exc)
+        if held is not None and tries.failures == 1 and classify(exc) is Kind.TRANSIENT:
+            return 0.0
+        return pause
 
     def _forget_failed(self, exc: BaseException) -> None:
         """After a connection failure, the next attempt opens a new connection."""
         if classify(exc) is Kind.TRANSIENT:
             self._conn = None
 
+    def _answered(self, conn: Connection) -> None:
+        """``conn`` just answered: it is alive."""
+        self._heard = (conn, time.monotonic())
+
+    async def _live_connection(self) -> Connection:
+        """The connection, proven alive by a ``ping`` round trip if it has not answered for
+        :data:`PROBE_AFTER` (see the module's docstring): for requests that cannot be
+        repeated."""
+        conn = await self._connection()
+        heard = self._heard
+        if heard is not None and heard[0] is conn and time.monotonic() - heard[1] < PROBE_AFTER:
+            return conn
+        # A service older than ping answers InvalidRequest: that proves the connection too.
+        with contextlib.suppress(P.InvalidRequest):
+            await self.call("ping")
+        return await self._connection()
+
+    async def _nudged(
+        self, conn: Connection, waiting: Awaitable[T], timeout: float | None = None
+    ) -> T:
+        """Await ``waiting`` (something ``conn`` is to deliver), pinging ``conn`` whenever
+        it stays silent for :data:`NUDGE` s; TimeoutError after ``timeout`` s."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        task = asyncio.ensure_future(waiting)
+        try:
+            while True:
+                wait = NUDGE if deadline is None else max(0.0, min(NUDGE, deadline - loop.time()))
+                done, _ = await asyncio.wait({task}, timeout=wait)
+                if done:
+                    result = task.result()
+                    self._answered(conn)
+                    return result
+                if deadline is not None and loop.time() >= deadline:
+                    raise TimeoutError
+                self._nudge(conn)
+        finally:
+            task.cancel()
+
+    def _nudge(self, conn: Connection) -> None:
+        """Ping ``conn`` in the background, unless it answered within :data:`NUDGE` s or a
+        ping is already out."""
+        heard, pinging = self._heard, self._pinging
+        if conn.is_closed or (pinging is not None and pinging[0] is conn and not pinging[1].done()):
+            return
+        if heard is not None and heard[0] is conn and time.monotonic() - heard[1] < NUDGE:
+            return
+        self._pinging = (conn, asyncio.ensure_future(self._ping(conn)))
+
+    async def _ping(self, conn: Connection) -> None:
+        with contextlib.suppress(Exception):
+            reply, answer = oneshot()
+            await conn.entrypoint.send({"op": "ping", "reply": reply})
+            await asyncio.wait_for(answer, self.config.timeout)
+            self._answered(conn)
+
     async def _call_once(self, op: str, fields: dict[str, Any]) -> Any:
         conn = await self._connection()
         reply, answer = oneshot()
         await conn.entrypoint.send({"op": op, **fields, "reply": reply})
         try:
-            result = await asyncio.wait_for(answer, self.config.timeout)
+            result = await self._nudged(conn, answer, self.config.timeout)
         except TimeoutError:
             answer.close()
             raise P.Unavailable(f"no answer to {op!r} within {self.config.timeout} s") from None
         return P.unwrap(result)
 
     async def call(self, op: str, *, idempotent: bool = True, **fields: Any) -> Any:
-        """Send one request and return its result (raises the service's error)."""
+        """Send one request and return its result (raises the service's error). A request
+        that is not ``idempotent`` is sent once, on a connection proven alive."""
         if idempotent:
             return await self._retrying(lambda: self._call_once(op, fields))
+        await self._live_connection()
         return await self._call_once(op, fields)
 
 

@@ -64,8 +64,9 @@ class Writes(Session):
         task: str | None = None,
     ) -> dict[str, Any]:
         """Stage ``batches`` under ``txn``; returns what was staged (pass it to commit).
-        Nothing is visible until the commit."""
-        conn = await self._connection()
+        Nothing is visible until the commit. Not retried (the batches are consumed as they
+        are sent), so it goes out on a connection proven alive."""
+        conn = await self._live_connection()
         target = txn.schema
         tx, rx = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(target))], codec="raw")
         reply, answer = oneshot()
@@ -92,18 +93,18 @@ class Writes(Session):
                     )
                     seq += 1
         except ChannelError:
-            tx.cancel()
+            _cancel(tx)
             # The service refused the data: its answer says why.
             raise_from_reply = await _answer_or_none(answer, self.config.timeout)
             if raise_from_reply is not None:
                 P.unwrap(raise_from_reply)
             raise
         except BaseException:
-            tx.cancel()
+            _cancel(tx)
             answer.close()
             raise
         tx.finish()
-        result = await asyncio.wait_for(answer, None)
+        result = await self._nudged(conn, answer)
         return dict(P.unwrap(result))
 
     async def commit(
@@ -191,6 +192,13 @@ class Writes(Session):
 
     async def overwrite(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
         return await self.write(name, data, mode="overwrite", **kw)
+
+
+def _cancel(tx: Any) -> None:
+    """Cancel a data channel after a failure. On a connection that is gone already this
+    fails too (ConnectionLost): the first failure is the one the caller must see."""
+    with contextlib.suppress(AqueductError):
+        tx.cancel()
 
 
 async def _answer_or_none(answer: Any, timeout: float) -> Any:

@@ -192,7 +192,7 @@ class _RequestCodec(CborCodec):
 
 
 REPLAY_SAFE = frozenset(
-    {"list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
+    {"ping", "list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
 )
 """Requests the service acts on before the QUIC handshake completes (they only read);
 every other one (create, drop, begin, write, commit, abort, and the maintenance requests)
@@ -295,7 +295,9 @@ class DatasetService:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.
                 await conn.wait_confirmed()
-            if op == "scan":
+            if op == "ping":  # a round trip that proves the connection alive
+                self._reply(req, P.ok({}))
+            elif op == "scan":
                 await self._scan(req, session)
             elif op == "write":
                 await self._write(req, session)

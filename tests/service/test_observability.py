@@ -85,7 +85,8 @@ def observed(
 ) -> Iterator[tuple[ServiceProcess, str, Path]]:
     root = tmp_path_factory.mktemp("observed")
     log = root.parent / "observed-service.log"
-    flags = ["--metrics-port", "0", "--log-format", "json"]
+    # debug: the check that no token reaches the log covers every level
+    flags = ["--metrics-port", "0", "--log-format", "json", "--log-level", "debug"]
     svc = start_service(root, token=TOKEN, args=flags, log=log)
     (url,) = metrics_urls(log)  # logged before the ready line
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url), url

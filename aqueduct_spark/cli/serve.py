@@ -37,12 +37,16 @@ def service_url(host: str, port: int) -> str:
     return f"quic://[{host}]:{port}" if ":" in host else f"quic://{host}:{port}"
 
 
-def _need_service(command: str) -> None:
+_SERVICE_NEEDS = {"deltalake": "Delta Lake", "prometheus_client": "the Prometheus client"}
+
+
+def _need_service(command: str, modules: tuple[str, ...] = ("deltalake",)) -> None:
     """Say what to install when the service's dependencies are missing (an executor-side
     install, ``aqueduct-spark[spark]``, has the client only)."""
-    if importlib.util.find_spec("deltalake") is None:
+    missing = [_SERVICE_NEEDS[m] for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
         raise AqueductServeError(
-            f"aqueduct {command} runs the dataset service, which needs Delta Lake: "
+            f"aqueduct {command} runs the dataset service, which needs {' and '.join(missing)}: "
             "pip install 'aqueduct-spark[service]'"
         )
 
@@ -78,7 +82,7 @@ def _check_certificate(cert: str, key: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    _need_service("serve")
+    _need_service("serve", ("deltalake", "prometheus_client"))
     if (args.cert is None) != (args.key is None):
         raise StartupError("give both --cert and --key, or neither (for a development certificate)")
     access = _access(args)

@@ -376,3 +376,21 @@ def test_a_reader_with_a_small_window_shows_as_credit_stalls(
     after = value(scrape(base), "aqueduct_flow_control_stalls_total", kind="credit")
     assert 5 <= after - before <= rows // 2000, (before, after)  # at most one per batch
     reader.close()
+
+
+def test_serve_without_the_prometheus_client_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import importlib.util
+
+    from aqueduct_spark import cli
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name: None if name == "prometheus_client" else find_spec(name),
+    )
+    assert cli.main(["serve", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "needs the Prometheus client: pip install 'aqueduct-spark[service]'" in err, err

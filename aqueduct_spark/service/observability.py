@@ -43,7 +43,7 @@ log = logging.getLogger("aqueduct.service")
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LOUD_OUTCOMES = frozenset({"internal", "unauthenticated", "permission_denied", "forbidden"})
+LOUD_OUTCOMES = frozenset({"internal", "unauthenticated", "permission_denied"})
 """Outcomes whose access line is a warning: the service failed, or refused a client."""
 
 # -- log formatting -----------------------------------------------------------------------

@@ -81,7 +81,16 @@ def _typed(schema: pa.Schema, values: dict[str, str | None]) -> dict[str, object
         if text is None or column not in schema.names:
             out[column] = None
             continue
-        out[column] = pa.scalar(text).cast(schema.field(column).type).as_py()
+        kind = schema.field(column).type
+        if pa.types.is_timestamp(kind):  # "2026-01-31 12:00:00" (ISO with a T and Z too)
+            when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+            if kind.tz is not None:
+                when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+            else:
+                when = when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+            out[column] = when
+        else:
+            out[column] = pa.scalar(text).cast(kind).as_py()
     return out
 
 

@@ -20,8 +20,6 @@ from aqueduct_spark.service.store import Store
 COMMITTING = frozenset({"commit", "compact", "restore", "delete"})
 """Requests whose result may be a new version (``committed``, ``version``): subscribers hear
 of it, and the service's maintenance counts it."""
-MAINTENANCE = frozenset({"compact", "vacuum", "restore", "delete"})
-"""Requests that change a dataset's table without writing data: writes, as to rights."""
 
 
 def field(req: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:

@@ -272,3 +272,22 @@ def test_serve_flags_default_to_the_config() -> None:
     assert maintenance_config(args) == MaintenanceConfig()
     on = build_parser().parse_args(["serve", "--maintenance", "--checkpoint-interval", "10"])
     assert maintenance_config(on) == MaintenanceConfig(enabled=True, checkpoint_interval=10)
+
+
+def test_change_feed_of_a_partitioned_dataset_matches_deltalake(local: Store) -> None:
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32())])
+
+    def data(*ids: int) -> pa.Table:
+        days = [dt.date(2026, 1, 1 + i % 2) for i in ids]
+        return pa.table({"id": list(ids), "day": days}, schema=schema)
+
+    local.create("p", schema, partition_by=["day"])
+    write(local, "p", data(1, 2, 3, 4), partition_by=["day"])
+    maintenance.delete(local, "p", "id = 3")
+    write(local, "p", data(5, 6), mode="overwrite", partition_by=["day"])
+    ours = sorted((r[0], r[1], r[2], r[3]) for r in feed_rows(local, "p", 0))
+    theirs = pa.table(DeltaTable(local.uri("p")).load_cdf(0)).to_pylist()
+    assert ours == sorted(
+        (r["id"], r["day"], r["_change_type"], r["_commit_version"]) for r in theirs
+    )
+    assert len(ours) == 4 + 1 + 3 + 2

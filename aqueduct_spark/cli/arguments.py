@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--json", action="store_true", help="print one JSON object")
     _client_options(st)
-    maintenance.add_parsers(sub, _client_options)
+    maintenance.add_parsers(sub, _client_options, _storage_options)
     for command in sub.choices.values():  # -v and -q also after the command
         _talk_options(command.add_mutually_exclusive_group(), default=argparse.SUPPRESS)
     return parser

@@ -19,69 +19,31 @@ class MaintenanceError(AqueductError):
     """A maintenance command cannot run here."""
 
 
-MAINTENANCE_DEFAULTS = {
-    "checkpoint_interval": 100,
-    "log_retention_hours": 720.0,
-    "compact_min_files": 50,
-    "compact_target_bytes": 128 << 20,
-    "vacuum_retention_hours": 168.0,
-    "vacuum_interval_hours": 24.0,
-}
-"""As ``service.maintenance.MaintenanceConfig`` has them (a test keeps them equal); the
-client side of the command line does not import the service."""
+SERVE_FLAGS = (
+    # flag, type, default (as service.maintenance.MaintenanceConfig has it), metavar, help
+    ("--checkpoint-interval", int, 100, "N", "a checkpoint every N versions"),
+    ("--log-retention-hours", float, 720.0, "H", "keep the log (time travel) this far back"),
+    ("--compact-min-files", int, 50, "N", "compact once N files are smaller than the target"),
+    ("--compact-target-bytes", int, 128 << 20, "BYTES", "size of compacted files"),
+    ("--vacuum-retention-hours", float, 168.0, "H", "delete removed files after this long"),
+    ("--vacuum-interval-hours", float, 24.0, "H", "vacuum each dataset this often"),
+)
+"""The maintenance settings of ``aqueduct serve`` (a test keeps the defaults equal to the
+service's; the client side of the command line does not import the service)."""
 
 
 def add_serve_options(s: argparse.ArgumentParser) -> None:
     """The maintenance flags of ``aqueduct serve``."""
     g = s.add_argument_group("table maintenance (after commits, in the background)")
-    d = MAINTENANCE_DEFAULTS
     g.add_argument(
         "--maintenance",
         action="store_true",
         help="maintain the tables: checkpoints, log cleanup, compaction, vacuum (default off)",
     )
-    g.add_argument(
-        "--checkpoint-interval",
-        type=int,
-        default=d["checkpoint_interval"],
-        metavar="N",
-        help="a checkpoint every N versions (default %(default)s)",
-    )
-    g.add_argument(
-        "--log-retention-hours",
-        type=float,
-        default=d["log_retention_hours"],
-        metavar="H",
-        help="keep the log (time travel) this far back (default %(default)s = 30 days)",
-    )
-    g.add_argument(
-        "--compact-min-files",
-        type=int,
-        default=d["compact_min_files"],
-        metavar="N",
-        help="compact once N files are smaller than the target (default %(default)s)",
-    )
-    g.add_argument(
-        "--compact-target-bytes",
-        type=int,
-        default=d["compact_target_bytes"],
-        metavar="BYTES",
-        help="size of compacted files (default %(default)s)",
-    )
-    g.add_argument(
-        "--vacuum-retention-hours",
-        type=float,
-        default=d["vacuum_retention_hours"],
-        metavar="H",
-        help="delete removed files after this long (default %(default)s = 7 days)",
-    )
-    g.add_argument(
-        "--vacuum-interval-hours",
-        type=float,
-        default=d["vacuum_interval_hours"],
-        metavar="H",
-        help="vacuum each dataset this often (default %(default)s)",
-    )
+    for flag, kind, default, metavar, text in SERVE_FLAGS:
+        g.add_argument(
+            flag, type=kind, default=default, metavar=metavar, help=f"{text} (default %(default)s)"
+        )
 
 
 def maintenance_config(args: argparse.Namespace) -> Any:
@@ -99,8 +61,13 @@ def maintenance_config(args: argparse.Namespace) -> Any:
     )
 
 
-def add_parsers(sub: Any, client_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The ``compact``, ``vacuum``, ``restore`` and ``delete`` commands."""
+def add_parsers(
+    sub: Any,
+    client_options: Callable[[argparse.ArgumentParser], None],
+    storage_options: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """The ``compact``, ``vacuum``, ``restore`` and ``delete`` commands (``client_options`` and
+    ``storage_options`` add the connection flags and ``--storage-option``)."""
     c = sub.add_parser("compact", help="rewrite a dataset's small files into large ones")
     c.add_argument("dataset")
     c.add_argument("--target-bytes", type=int, help="size of the files to write (default 128 MiB)")
@@ -122,13 +89,7 @@ def add_parsers(sub: Any, client_options: Callable[[argparse.ArgumentParser], No
         help="open the service's data directory directly instead of asking the service "
         "(on its machine, e.g. while it is down; env AQUEDUCT_ROOT)",
     )
-    vac.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="object-store option passed to Delta Lake, with --root (repeatable)",
-    )
+    storage_options(vac)  # with --root
     client_options(vac)
     r = sub.add_parser("restore", help="make a dataset's data what it was at an earlier version")
     r.add_argument("dataset")

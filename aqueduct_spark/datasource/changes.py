@@ -26,7 +26,14 @@ from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import arrow_to_spark, spark_to_arrow
 from aqueduct_spark.datasource.stream_offsets import DataChanged
 
-__all__ = ["AqueductRangeReader", "DataChanged", "admit", "with_change_columns"]
+__all__ = [
+    "AqueductRangeReader",
+    "DataChanged",
+    "FilesPartition",
+    "admit",
+    "pack",
+    "with_change_columns",
+]
 
 
 def with_change_columns(schema: StructType) -> StructType:
@@ -59,8 +66,9 @@ def admit(entry: dict[str, Any], opts: Options) -> list[dict[str, Any]]:
     )
 
 
-class ChangePartition(InputPartition):
-    """Files of a version range (change-feed splits or added files) for one task."""
+class FilesPartition(InputPartition):
+    """Whole files (of a micro-batch or a version range; change-feed splits or added files)
+    for one task: everything the executor needs to read them."""
 
     def __init__(
         self, opts: Options, splits: list[dict[str, Any]], schema: bytes, columns: tuple[str, ...]
@@ -69,23 +77,24 @@ class ChangePartition(InputPartition):
         self.opts = opts
         self.splits = splits
         self.schema = schema
+        """Arrow schema (IPC) the batches must have for Spark."""
         self.columns = columns
 
 
-def pack(opts: Options, splits: list[dict[str, Any]], schema: pa.Schema) -> list[ChangePartition]:
+def pack(opts: Options, splits: list[dict[str, Any]], schema: pa.Schema) -> list[FilesPartition]:
     """Whole files packed into partitions of about ``splitSize`` bytes, in order."""
     wire, columns = P.schema_to_bytes(schema), tuple(schema.names)
-    out: list[ChangePartition] = []
+    out: list[FilesPartition] = []
     group: list[dict[str, Any]] = []
     size = 0
     for split in splits:
         if group and size + int(split["bytes"]) > opts.split_size:
-            out.append(ChangePartition(opts, group, wire, columns))
+            out.append(FilesPartition(opts, group, wire, columns))
             group, size = [], 0
         group.append(split)
         size += int(split["bytes"])
     if group:
-        out.append(ChangePartition(opts, group, wire, columns))
+        out.append(FilesPartition(opts, group, wire, columns))
     return out
 
 
@@ -117,7 +126,7 @@ class AqueductRangeReader(DataSourceReader):
         return list(pack(opts, splits, self.schema))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, ChangePartition):
+        if not isinstance(partition, FilesPartition):
             return  # Spark reads an empty plan as one partition of None
         client = partition.opts.client()
         schema = P.schema_from_bytes(partition.schema)

@@ -56,7 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
-from aqueduct_spark.datasource.changes import admit
+from aqueduct_spark.datasource.changes import FilesPartition, admit, pack
 from aqueduct_spark.datasource.notifications import Subscription
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import spark_to_arrow
@@ -77,25 +77,6 @@ IDLE_WAIT = 0.1
 """With push notifications flowing and nothing new, ``latestOffset`` waits up to this long
 for a notification before answering "no data": Spark then asks again, so the query wakes
 within a notification's latency without spinning."""
-
-
-class StreamPartition(InputPartition):
-    """Files of one micro-batch (whole files, possibly of several versions) for one task:
-    everything the executor needs to read them."""
-
-    def __init__(
-        self,
-        opts: Options,
-        splits: list[dict[str, Any]],
-        schema: bytes,
-        columns: tuple[str, ...],
-    ) -> None:
-        super().__init__([s.get("path") for s in splits])
-        self.opts = opts
-        self.splits = splits
-        self.schema = schema
-        """Arrow schema (IPC) the batches must have for Spark."""
-        self.columns = columns
 
 
 class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -353,8 +334,6 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
 
     def _partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        schema = P.schema_to_bytes(self.schema)
-        columns = tuple(self.schema.names)
         chosen: list[dict[str, Any]] = []
         v, f = int(start["version"]), int(start["file"])
         end_v, end_f = int(end["version"]), int(end["file"])
@@ -375,22 +354,11 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     else:
                         chosen.append(split)
             v, f = v + 1, 0
-        out: list[InputPartition] = []
-        group: list[dict[str, Any]] = []
-        size = 0
-        for split in chosen:
-            if group and size + int(split["bytes"]) > self.opts.split_size:
-                out.append(StreamPartition(self.opts, group, schema, columns))
-                group, size = [], 0
-            group.append(split)
-            size += int(split["bytes"])
-        if group:
-            out.append(StreamPartition(self.opts, group, schema, columns))
-        return out
+        return list(pack(self.opts, chosen, self.schema))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """On an executor: stream the partition's files, cast to Spark's schema."""
-        if not isinstance(partition, StreamPartition):
+        if not isinstance(partition, FilesPartition):
             return  # Spark reads an empty micro-batch as one partition of None
         opts = partition.opts
         client = opts.client()

@@ -55,6 +55,8 @@ log = logging.getLogger("aqueduct.maintenance")
 
 _LOG_FILE_RE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")
 _CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet$")
+_PREDICATE_ERRORS = ("sql parser error", "Schema error", "Error during planning", "Cast error")
+"""What deltalake's errors about a delete's predicate (not about the table) say."""
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 """Commits made while the service maintains its tables: no checkpoint, no cleanup inline."""
 
@@ -261,7 +263,7 @@ def compact(store: Store, name: str, target_bytes: int = 128 << 20) -> dict[str,
     try:
         metrics = table.optimize.compact(
             target_size=target_bytes,
-            commit_properties=CommitProperties(custom_metadata={METADATA_KEY: {"mode": "compact"}}),
+            commit_properties=_recorded("compact"),
             post_commithook_properties=store.commit_hooks,
         )
     except DeltaError as exc:
@@ -290,7 +292,7 @@ def restore(store: Store, name: str, version: int) -> dict[str, Any]:
     try:
         metrics = table.restore(
             version,
-            commit_properties=CommitProperties(custom_metadata={METADATA_KEY: {"mode": "restore"}}),
+            commit_properties=_recorded("restore"),
             post_commithook_properties=store.commit_hooks,
         )
     except DeltaError as exc:
@@ -316,22 +318,29 @@ def delete(store: Store, name: str, predicate: str) -> dict[str, Any]:
     try:
         metrics = table.delete(
             predicate,
-            commit_properties=CommitProperties(custom_metadata={METADATA_KEY: {"mode": "delete"}}),
+            commit_properties=_recorded("delete"),
             post_commithook_properties=store.commit_hooks,
         )
-    except DeltaError as exc:
+    except Exception as exc:  # deltalake raises a plain Exception for a bad cast
         text = str(exc)
-        if "rror" in text and ("Schema" in text or "SQL" in text or "field" in text):
+        if any(what in text for what in _PREDICATE_ERRORS):
             raise InvalidRequest(
                 f"cannot delete from dataset {name!r} where {predicate!r}: {text}. Write the "
                 "predicate in SQL over the dataset's columns, e.g. \"id < 100 AND s = 'x'\""
             ) from exc
+        if not isinstance(exc, DeltaError):
+            raise
         raise _failed("delete", name, exc) from exc
     return {
         "version": table.version(),
         "committed": table.version() > before,
         "rows_deleted": int(metrics.get("num_deleted_rows", 0)),
     }
+
+
+def _recorded(mode: str) -> CommitProperties:
+    """The commit's record of what made it (``aqueduct history`` shows Delta's operation)."""
+    return CommitProperties(custom_metadata={METADATA_KEY: {"mode": mode}})
 
 
 def _failed(what: str, name: str, exc: DeltaError) -> Exception:

@@ -50,15 +50,15 @@ def test_a_stream_reads_no_duplicates_across_compaction_and_fails_on_a_delete(
         stream(spark, service, src, startingVersion="earliest"), service, dst, tmp_path / "a"
     )
     try:
-        wait_rows(c, dst, 50, q)
+        wait_rows(c, dst, 50, q, timeout=240)
         assert c.compact(src)["files_removed"] == 5  # the rows again, in one new file
         c.append(src, rows(50, 10))
-        wait_rows(c, dst, 60, q)
+        wait_rows(c, dst, 60, q, timeout=240)
         time.sleep(1)  # nothing more may come
         assert ids_of(c, dst) == list(range(60))
         c.delete(src, "id < 5")
         with pytest.raises(Exception, match=r"(?s)DataChanged.*removes data.*skipChangeCommits"):
-            q.awaitTermination(60)
+            q.awaitTermination(240)
     finally:
         q.stop()
     assert ids_of(c, dst) == list(range(60))

@@ -322,7 +322,7 @@ def delete(store: Store, name: str, predicate: str) -> dict[str, Any]:
             post_commithook_properties=store.commit_hooks,
         )
     except Exception as exc:  # deltalake raises a plain Exception for a bad cast
-        text = str(exc)
+        text = str(exc).strip().rstrip(".")
         if any(what in text for what in _PREDICATE_ERRORS):
             raise InvalidRequest(
                 f"cannot delete from dataset {name!r} where {predicate!r}: {text}. Write the "

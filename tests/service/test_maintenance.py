@@ -261,7 +261,7 @@ def test_the_commands(service: ServiceProcess, capsys: pytest.CaptureFixture[str
         "would delete 0 files",
     ]
     assert cli.main(["delete", "maint_cli", "--where", "nope = 1", *conn]) == 1
-    assert "InvalidRequest" in capsys.readouterr().err
+    assert "Write the predicate in SQL" in capsys.readouterr().err
 
 
 def test_serve_flags_default_to_the_config() -> None:

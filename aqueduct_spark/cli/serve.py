@@ -237,15 +237,15 @@ def _worker(spec: dict[str, Any], ready: Any) -> None:
         sys.exit(2)
 
 
-def _log_settings(args: argparse.Namespace) -> dict[str, str]:
+def _log_settings(args: argparse.Namespace) -> dict[str, Any]:
     level = args.log_level or ("debug" if args.verbose else "warning" if args.quiet else "info")
     return {"level": level, "format": args.log_format}
 
 
-def _configure_logging(settings: dict[str, str]) -> None:
+def _configure_logging(settings: dict[str, Any]) -> None:
     from aqueduct_spark.service.observability import configure_logging
 
-    configure_logging(settings["level"], settings["format"])
+    configure_logging(settings["level"], settings["format"], settings.get("worker"))
 
 
 def _metrics_settings(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -260,18 +260,19 @@ def _metrics_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _worker_specs(spec: dict[str, Any], workers: int) -> list[dict[str, Any]]:
-    """One spec per worker: each worker has its own metrics port, --metrics-port + its
-    number (0, 1, ...), or with --metrics-port 0 a free one it binds itself (and logs)."""
+    """One spec per worker: its number tags its log records, and it has its own metrics
+    port, --metrics-port + its number (0, 1, ...), or with --metrics-port 0 a free one it
+    binds itself (and logs)."""
     metrics = spec["metrics"]
-    if metrics is None:
-        return [spec] * workers
-    first = metrics["port"]
+    first = metrics["port"] if metrics else 0
     if first and first + workers - 1 > 65535:
         raise ValueError(f"--metrics-port {first} leaves no room for {workers} workers' ports")
     out = []
     for i in range(workers):
-        port = first + i if first else 0
-        out.append({**spec, "metrics": {**metrics, "port": port, "worker": i}})
+        own = {**spec, "log": {**spec["log"], "worker": i}}
+        if metrics:
+            own["metrics"] = {**metrics, "port": first + i if first else 0, "worker": i}
+        out.append(own)
     return out
 
 

@@ -57,7 +57,21 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, "fields", None)
-    return fields if isinstance(fields, dict) else {}
+    tags = getattr(record, "tags", None)
+    fields = fields if isinstance(fields, dict) else {}
+    return {**tags, **fields} if isinstance(tags, dict) else fields
+
+
+class _Tags(logging.Filter):
+    """Fields every record of this process carries (``worker`` with ``--workers``)."""
+
+    def __init__(self, tags: dict[str, Any]) -> None:
+        super().__init__()
+        self.tags = tags
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.tags = self.tags
+        return True
 
 
 _BARE = re.compile(r'[^\s"=\\]+')
@@ -103,15 +117,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure_logging(level: str = "info", fmt: str = "text") -> None:
+def configure_logging(level: str = "info", fmt: str = "text", worker: int | None = None) -> None:
     """Send every log record to stderr at ``level`` and above, formatted as ``fmt``
-    (``text`` or ``json``); replaces whatever logging was set up before."""
+    (``text`` or ``json``); replaces whatever logging was set up before. ``worker``: this
+    process's number among ``--workers``, a field of every record."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {fmt!r}")
     if level.lower() not in LOG_LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if worker is not None:
+        handler.addFilter(_Tags({"worker": worker}))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     logging.getLogger("quic").setLevel(max(logging.WARNING, logging.getLogger().level))
 

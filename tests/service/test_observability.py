@@ -217,6 +217,8 @@ def test_each_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
     try:
         urls = metrics_urls(log)  # every worker listens before the ready line
         assert len(set(urls)) == 2, urls
+        tagged = {x.get("worker") for x in log_lines(log, "aqueduct.service")}
+        assert tagged == {0, 1}  # every line says which worker wrote it
         workers = set()
         for url in urls:
             status, _, body = get(url + "/health")
@@ -232,17 +234,20 @@ def test_worker_i_gets_metrics_port_plus_i() -> None:
     from aqueduct_spark.cli.serve import _worker_specs
 
     metrics = {"host": "10.0.0.5", "port": 9464, "worker": None}
-    got = [s["metrics"] for s in _worker_specs({"metrics": metrics}, 3)]
-    assert [(m["host"], m["port"], m["worker"]) for m in got] == [
+    log = {"level": "info", "format": "text"}
+    specs = _worker_specs({"metrics": metrics, "log": log}, 3)
+    assert [(m["host"], m["port"], m["worker"]) for m in (s["metrics"] for s in specs)] == [
         ("10.0.0.5", 9464, 0),
         ("10.0.0.5", 9465, 1),
         ("10.0.0.5", 9466, 2),
     ]
-    free = _worker_specs({"metrics": {**metrics, "port": 0}}, 2)
+    assert [s["log"]["worker"] for s in specs] == [0, 1, 2]  # a field of its log lines
+    free = _worker_specs({"metrics": {**metrics, "port": 0}, "log": log}, 2)
     assert [s["metrics"]["port"] for s in free] == [0, 0]  # each binds a free one itself
-    assert _worker_specs({"metrics": None}, 2) == [{"metrics": None}] * 2
+    plain = _worker_specs({"metrics": None, "log": log}, 2)
+    assert [(s["metrics"], s["log"]["worker"]) for s in plain] == [(None, 0), (None, 1)]
     with pytest.raises(ValueError, match="no room for 3 workers"):
-        _worker_specs({"metrics": {**metrics, "port": 65534}}, 3)
+        _worker_specs({"metrics": {**metrics, "port": 65534}, "log": log}, 3)
 
 
 def test_a_metrics_port_in_use_stops_the_start_with_the_fix(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ worker threads (as one more owner of the :class:`~.admission.FairPool`, so it ta
 its share of the threads and never delays an append's reply):
 
 - a **checkpoint** every ``checkpoint_interval`` versions (deltalake's ``create_checkpoint``);
-- **log cleanup**: commit files and checkpoints older than ``log_retention`` that the newest
-  such checkpoint makes unnecessary are deleted (Delta's expired-log rule; versions before it
-  can no longer be time travelled to);
+- **log cleanup**: commit files and checkpoints older than ``log_retention`` that newer
+  checkpoints make unnecessary are deleted (Delta's expired-log rule, keeping one checkpoint
+  interval more for readers loading the table meanwhile; versions before it can no longer be
+  time travelled to);
 - **compaction** of small files once ``compact_min_files`` files under
   ``compact_target_bytes`` have gathered (deltalake's ``optimize.compact``). A compaction
   commit only rearranges rows, so its actions say ``dataChange=false``: streams read nothing
@@ -220,10 +221,13 @@ def _log_names(fs: pafs.FileSystem) -> list[str]:
 
 
 def cleanup_log(fs: pafs.FileSystem, retention: dt.timedelta, now: float | None = None) -> int:
-    """Delete the log files that Delta's expired-log rule lets go: everything before the
-    newest checkpoint that is itself older than ``retention`` (versions from that checkpoint
-    on stay loadable; older ones are gone for time travel). Oldest first, so an interrupted
-    cleanup leaves an unbroken log. Returns how many files were deleted."""
+    """Delete the log files that Delta's expired-log rule lets go, less one checkpoint
+    interval: everything before the *second* newest checkpoint older than ``retention``.
+    Versions from there on stay loadable, older ones are gone for time travel. The one
+    interval more is for readers loading the table meanwhile: one that listed the log just
+    before the newest checkpoint was written reads the one before it, which must still be
+    there. Oldest first, so an interrupted cleanup leaves an unbroken log. Returns how many
+    files were deleted."""
     try:
         infos = fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
     except FileNotFoundError:
@@ -236,9 +240,9 @@ def cleanup_log(fs: pafs.FileSystem, retention: dt.timedelta, now: float | None 
         and i.mtime is not None
         and i.mtime.timestamp() <= cutoff
     ]
-    if not expired:
+    if len(expired) < 2:
         return 0
-    keep_from = max(expired)
+    keep_from = sorted(expired)[-2]
     doomed = sorted(
         (int(m.group(1)), i.path)
         for i in infos

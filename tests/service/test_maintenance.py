@@ -79,19 +79,24 @@ def test_checkpoints_and_log_cleanup_keep_the_table_readable(local: Store) -> No
     for i in range(12):
         write(local, "d", rows(i))
     m.maintain("d")  # 12 versions, 12 small files: compaction, then a checkpoint
-    names = log_names(local, "d")
-    checkpoints = [n for n in names if ".checkpoint." in n]
-    assert len(checkpoints) == 1
-    newest = int(checkpoints[0][:20])
-    assert newest == local.latest_version("d") == 13  # 12 appends and the compaction
-    # the log before the checkpoint is gone (retention 0), the table and its data are not
-    assert min(int(n[:20]) for n in names if n.endswith(".json")) == newest
+    assert local.latest_version("d") == 13  # 12 appends and the compaction
+    assert [n for n in log_names(local, "d") if ".checkpoint." in n] == [
+        f"{13:020d}.checkpoint.parquet"
+    ]
     assert ids(local, "d") == list(range(12)) and local.describe("d").files == 1
+    assert local.describe("d", version=3).version == 3  # one checkpoint: nothing cleaned yet
+    for i in range(12, 17):
+        write(local, "d", rows(i))
+    m.maintain("d")  # a second checkpoint: the log before the first goes (retention 0)
+    names = log_names(local, "d")
+    assert [int(n[:20]) for n in names if ".checkpoint." in n] == [13, 19]  # 19: compacted
+    assert min(int(n[:20]) for n in names if n.endswith(".json")) == 13
     with pytest.raises(VersionNotFound):
         local.describe("d", version=3)
+    assert local.describe("d", version=13).version == 13
     write(local, "d", rows(99))
-    assert ids(local, "d") == [*range(12), 99]
-    assert [v.version for v in local.history("d")] == [13, 14]
+    assert ids(local, "d") == [*range(17), 99]
+    assert [v.version for v in local.history("d")] == list(range(13, 21))
 
 
 def test_log_cleanup_keeps_what_the_retention_covers(local: Store) -> None:

@@ -101,20 +101,24 @@ def version_entry(
     actions: Sequence[dict[str, Any]],
     timestamp: dt.datetime,
     change_feed: bool,
-    first: int,
+    read_at: tuple[int, int],
 ) -> dict[str, Any]:
     """What ``version`` did: its files to read (the change feed's, or the rows it added) in a
-    stable order, how many files it added and removed as data changes, and its operation."""
+    stable order, how many files it added and removed as data changes, and its operation.
+    ``read_at`` are the versions whose schema the version's own files and the files it
+    removed are read with (the version itself and the one before, or any version with the
+    same metadata: a table load each is what makes long ranges slow)."""
     adds = _data_changes(actions, "add")
     removes = _data_changes(actions, "remove")
     cdc = _data_changes(actions, "cdc")
+    now, before = read_at
     planned: list[tuple[dict[str, Any], str | None, int]] = []  # action, change, read at
     if change_feed and cdc:
-        planned = [(a, None, version) for a in cdc]
+        planned = [(a, None, now) for a in cdc]
     else:
-        planned = [(a, "insert", version) for a in adds]
+        planned = [(a, "insert", now) for a in adds]
         if change_feed:
-            planned += [(a, "delete", max(version - 1, first)) for a in removes]
+            planned += [(a, "delete", before) for a in removes]
     files = []
     for action, change, at in planned:
         schema, _ = tables.pinned(name, at)
@@ -210,10 +214,17 @@ def feed(
     logs = delta_log.read_logs(fs, versions)
     if change_feed and versions:
         _check_enabled(tables, name, start, logs)
-    entries = [
-        version_entry(tables, name, v, actions, times[v], change_feed, first)
-        for v, actions in zip(versions, logs, strict=True)
-    ]
+    entries = []
+    # The schema changes only at versions with a metaData action: files are read at the last
+    # such version (or the start), so a range loads the table a few times, not once a version.
+    before, now = max(start - 1, first), start
+    for v, actions in zip(versions, logs, strict=True):
+        if v > start and any(isinstance(a.get("metaData"), dict) for a in actions):
+            now = v
+        entries.append(
+            version_entry(tables, name, v, actions, times[v], change_feed, (now, before))
+        )
+        before = now
     paths = [f["path"] for e in entries for f in e["files"]]
     gone = [i.path for i in fs.get_file_info(paths) if i.type == pafs.FileType.NotFound]
     if gone and not missing_ok:

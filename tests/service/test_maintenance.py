@@ -296,3 +296,18 @@ def test_change_feed_of_a_partitioned_dataset_matches_deltalake(local: Store) ->
         (r["id"], r["day"], r["_change_type"], r["_commit_version"]) for r in theirs
     )
     assert len(ours) == 4 + 1 + 3 + 2
+
+
+def test_a_long_range_loads_the_table_a_few_times_not_once_a_version(
+    local: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local.create("d", SCHEMA)
+    for i in range(30):
+        write(local, "d", rows(i))
+    loads = []
+    opened = Store.open_table
+    monkeypatch.setattr(
+        Store, "open_table", lambda self, *a, **k: loads.append(a) or opened(self, *a, **k)
+    )
+    found = changes.feed(Store(local.root), "d", 1, change_feed=True)
+    assert len(found["versions"]) == 30 and len(loads) <= 3

@@ -210,7 +210,7 @@ class DatasetService:
         self._poller: asyncio.Task[None] | None = None
         self._pool = FairPool(config.threads)
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
-        self.observer = Observer({*self._ops, "scan", "write", "subscribe"})
+        self.observer = Observer({*self._ops, "ping", "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
         self.access = AccessPolicy.of(config.token, config.access.grants)
 

@@ -143,6 +143,10 @@ def test_metrics_move_during_a_write(observed: tuple[ServiceProcess, str, Path])
     assert value(done, "aqueduct_commit_duration_seconds_count") == latency + 1
     assert value(done, "aqueduct_commit_duration_seconds_sum") > 0
     assert value(done, "aqueduct_connections_total", transport="quic") >= 1
+    assert not any(
+        name == "aqueduct_requests_total" and ("operation", "unknown") in labels
+        for name, labels in done
+    ), "a request of the client was counted as an unknown operation"
     for kind in ("credit", "transport"):
         assert ("aqueduct_flow_control_stalls_total", (("kind", kind),)) in done
     assert value(done, "process_resident_memory_bytes") > 0

@@ -125,6 +125,8 @@ class Maintenance:
         if not self.config.enabled:
             return
         state = self._datasets.setdefault(name, _Dataset())
+        if version < state.latest and not state.running:  # dropped and created again
+            state = self._datasets[name] = _Dataset()
         state.latest = max(state.latest, version)
         if not self._due(state):
             return
@@ -168,6 +170,9 @@ class Maintenance:
         if state.checkpoint < 0:
             state.checkpoint = newest_checkpoint(fs)
         table = self.store.open_table(name)
+        if table.version() < state.checkpoint:  # dropped and created again
+            state.checkpoint = newest_checkpoint(fs)
+            state.compacted = -1
         state.latest = max(state.latest, table.version())
         if state.latest - state.compacted >= cfg.compact_min_files:
             state.compacted = state.latest

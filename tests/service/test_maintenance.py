@@ -311,3 +311,19 @@ def test_a_long_range_loads_the_table_a_few_times_not_once_a_version(
     )
     found = changes.feed(Store(local.root), "d", 1, change_feed=True)
     assert len(found["versions"]) == 30 and len(loads) <= 3
+
+
+def test_a_dataset_created_again_is_maintained_afresh(local: Store) -> None:
+    m = Maintenance(local, MaintenanceConfig(enabled=True, checkpoint_interval=3), FairPool(2))
+    local.create("d", SCHEMA)
+    for i in range(8):
+        write(local, "d", rows(i))
+    m.maintain("d")
+    local.drop("d")
+    local.create("d", SCHEMA)
+    for i in range(3):
+        write(local, "d", rows(i))
+    m.maintain("d")
+    assert [n for n in log_names(local, "d") if ".checkpoint." in n] == [
+        f"{3:020d}.checkpoint.parquet"
+    ]

@@ -72,11 +72,19 @@ class AsyncClient(Reads, Writes, Subscriptions):
         return dict(await self.call("offsets", dataset=name, since_version=since_version))
 
     async def changes(
-        self, name: str, version: int, *, missing_ok: bool = False, change_feed: bool = False
+        self,
+        name: str,
+        version: int,
+        *,
+        missing_ok: bool = False,
+        change_feed: bool = False,
+        to_version: int | None = None,
     ) -> dict[str, Any]:
         """The files ``version`` added (split dicts, in a stable order) and how many it
         removed (``removes``); with ``change_feed``, its change-feed splits. DataLoss if some
-        are gone (vacuumed); with ``missing_ok`` their paths are in ``missing`` instead."""
+        are gone (vacuumed); with ``missing_ok`` their paths are in ``missing`` instead. With
+        ``to_version``, the same for every version up to it, under ``versions`` (a service
+        that predates ranges answers for ``version`` alone, without ``versions``)."""
         return dict(
             await self.call(
                 "changes",
@@ -84,6 +92,7 @@ class AsyncClient(Reads, Writes, Subscriptions):
                 version=version,
                 missing_ok=missing_ok,
                 change_feed=change_feed or None,
+                to_version=to_version,
             )
         )
 

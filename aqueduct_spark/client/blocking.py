@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -87,7 +87,9 @@ class Client:
     def plan(self, name: str, **kw: Any) -> Plan:
         return self._run(self._client.plan(name, **kw))
 
-    def scan(self, split: Mapping[str, Any], **kw: Any) -> Iterator[pa.RecordBatch]:
+    def scan(
+        self, split: Mapping[str, Any] | Sequence[Mapping[str, Any]], **kw: Any
+    ) -> Iterator[pa.RecordBatch]:
         return self._portal.iterate(self._client.scan(split, **kw))
 
     def read_batches(self, name: str, **kw: Any) -> Iterator[pa.RecordBatch]:

@@ -17,7 +17,9 @@ the client has always used."""
 
 @dataclass(frozen=True)
 class Plan:
-    """Splits of one pinned version; each split is scanned independently."""
+    """Splits of one pinned version; each split can be scanned independently. ``tasks``
+    packs them (small files together) into units of about ``split_bytes``: scan the splits
+    of one task with one ``scan`` call (:meth:`task_splits`)."""
 
     dataset: str
     version: int
@@ -25,6 +27,14 @@ class Plan:
     splits: list[dict[str, Any]]
     rows: int
     bytes: int
+    tasks: list[list[int]] | None = None
+    """Indexes into ``splits``; None (a service without tasks): one task per split."""
+
+    def task_splits(self) -> list[list[dict[str, Any]]]:
+        """The splits of each task, in order."""
+        if self.tasks is None:
+            return [[s] for s in self.splits]
+        return [[self.splits[i] for i in task] for task in self.tasks]
 
 
 @dataclass(frozen=True)

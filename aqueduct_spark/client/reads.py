@@ -31,6 +31,7 @@ class Reads(Session):
         version: int | None = None,
         timestamp: Any = None,
         split_bytes: int | None = None,
+        open_cost: int | None = None,
     ) -> Plan:
         r = await self.call(
             "plan",
@@ -40,6 +41,7 @@ class Reads(Session):
             version=version,
             timestamp=timestamp,
             split_bytes=split_bytes,
+            open_cost=open_cost,
         )
         return Plan(
             r["dataset"],
@@ -48,19 +50,21 @@ class Reads(Session):
             r["splits"],
             r["rows"],
             r["bytes"],
+            r.get("tasks"),
         )
 
     async def scan(
         self,
-        split: Mapping[str, Any],
+        split: Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
         schema: pa.Schema,
         columns: Sequence[str] | None = None,
         filter: Any = None,
         batch_rows: int | None = None,
     ) -> AsyncIterator[pa.RecordBatch]:
-        """Stream one split's batches, cast by the service to ``schema``. Resumes after a
-        lost connection without repeating or skipping a batch."""
+        """Stream one split's batches, or those of a list of splits (a plan's task) one
+        after the other, cast by the service to ``schema``. Resumes after a lost connection
+        without repeating or skipping a batch."""
         delivered = 0
         tries = Retrying(RetryPolicy.of(self.config))
         while True:
@@ -85,7 +89,7 @@ class Reads(Session):
 
     async def _scan_once(
         self,
-        split: Mapping[str, Any],
+        split: Mapping[str, Any] | Sequence[Mapping[str, Any]],
         schema: pa.Schema,
         columns: Sequence[str] | None,
         filter: Any,
@@ -101,7 +105,11 @@ class Reads(Session):
         await conn.entrypoint.send(
             {
                 "op": "scan",
-                "split": dict(split),
+                **(
+                    {"split": dict(split)}
+                    if isinstance(split, Mapping)
+                    else {"splits": [dict(s) for s in split]}
+                ),
                 "columns": list(columns) if columns is not None else None,
                 "filters": to_wire_filters(filter),
                 "batch_rows": batch_rows,
@@ -159,6 +167,7 @@ class Reads(Session):
     async def _scan_all(
         self, plan: Plan, columns: Sequence[str] | None, filter: Any
     ) -> AsyncIterator[pa.RecordBatch]:
-        for split in plan.splits:
-            async for batch in self.scan(split, schema=plan.schema, columns=columns, filter=filter):
+        for splits in plan.task_splits():
+            task = splits[0] if len(splits) == 1 else splits
+            async for batch in self.scan(task, schema=plan.schema, columns=columns, filter=filter):
                 yield batch

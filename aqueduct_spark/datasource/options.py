@@ -157,7 +157,18 @@ OPTIONS: tuple[Option, ...] = (
         "Comma-separated columns to read (Spark cannot prune Python sources; this cuts data at the service).",
     ),
     Option(
-        "splitSize", "128MB", "read", "Target bytes per Spark partition (a split of the dataset)."
+        "splitSize",
+        "128MB",
+        "read",
+        "Target bytes per Spark partition: small files are packed together up to it, larger "
+        "files split by row groups.",
+    ),
+    Option(
+        "fileOpenCost",
+        "4MB",
+        "read",
+        "What each file counts for, on top of its size, when small files are packed into "
+        "partitions (as Spark's `openCostInBytes`): lower it for fewer, larger partitions.",
     ),
     Option("batchRows", "65536", "read", "Rows per Arrow batch sent by the service."),
     Option(
@@ -374,6 +385,7 @@ class Options:
     timestamp_as_of: dt.datetime | None
     columns: tuple[str, ...] | None
     split_size: int
+    file_open_cost: int
     batch_rows: int
     push_down_predicate: bool
     partition_by: tuple[str, ...]
@@ -563,6 +575,7 @@ def parse(raw: Mapping[str, str]) -> Options:
         timestamp_as_of=None if timestamp is None else parse_timestamp("timestampAsOf", timestamp),
         columns=split(get("columns")),
         split_size=parse_size("splitSize", text("splitSize")),
+        file_open_cost=parse_size("fileOpenCost", text("fileOpenCost")),
         batch_rows=parse_int("batchRows", text("batchRows"), 1),
         push_down_predicate=parse_bool("pushDownPredicate", text("pushDownPredicate")),
         partition_by=split(get("partitionBy")) or (),

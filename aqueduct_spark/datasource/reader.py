@@ -1,5 +1,7 @@
-"""Batch reads: the driver plans one partition per split of one pinned dataset version; each
-executor reads its split as Arrow batches already cast to Spark's schema by the service.
+"""Batch reads: the driver plans one partition per task of one pinned dataset version (the
+service packs small files into tasks of about ``splitSize``, each file counted with
+``fileOpenCost`` more, and splits large files by row groups); each executor reads its task's
+splits with one scan, as Arrow batches already cast to Spark's schema by the service.
 
 Two readers, because Spark 4.3 refuses a reader that overrides ``pushFilters`` unless
 ``spark.sql.python.filterPushdown.enabled`` is true: :class:`AqueductReader` pushes nothing,
@@ -38,20 +40,20 @@ from aqueduct_spark.datasource.schemas import check_user_schema, spark_to_arrow
 
 
 class SplitPartition(InputPartition):
-    """One split of a pinned version: everything an executor needs to read it (the
-    driver's reader state is not visible on executors)."""
+    """The splits of one task of a pinned version: everything an executor needs to read
+    them (the driver's reader state is not visible on executors)."""
 
     def __init__(
         self,
         opts: Options,
-        split: dict[str, Any],
+        splits: list[dict[str, Any]],
         schema: bytes,
         columns: tuple[str, ...],
         filters: tuple[Any, ...] | None,
     ) -> None:
-        super().__init__(split.get("path"))
+        super().__init__([s.get("path") for s in splits])
         self.opts = opts
-        self.split = split
+        self.splits = splits
         self.schema = schema
         """Arrow schema (IPC) the batches must have for Spark."""
         self.columns = columns
@@ -59,7 +61,7 @@ class SplitPartition(InputPartition):
 
 
 class AqueductReader(DataSourceReader):
-    """Plans on the driver (one partition per split), reads on executors."""
+    """Plans on the driver (one partition per task), reads on executors."""
 
     def __init__(self, opts: Options, schema: StructType) -> None:
         self.opts = opts
@@ -76,13 +78,14 @@ class AqueductReader(DataSourceReader):
             version=opts.version_as_of,
             timestamp=opts.timestamp_as_of,
             split_bytes=opts.split_size,
+            open_cost=opts.file_open_cost,
         )
         check_user_schema(target, plan.schema, opts.dataset)
         schema = P.schema_to_bytes(target)
         filters = tuple(self.filters) if self.filters else None
         return [
-            SplitPartition(opts, split, schema, tuple(target.names), filters)
-            for split in plan.splits
+            SplitPartition(opts, splits, schema, tuple(target.names), filters)
+            for splits in plan.task_splits()
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -90,8 +93,9 @@ class AqueductReader(DataSourceReader):
             return  # Spark reads an empty plan as one partition of None
         schema = P.schema_from_bytes(partition.schema)
         client = partition.opts.client()
+        splits = partition.splits
         yield from client.scan(
-            partition.split,
+            splits[0] if len(splits) == 1 else splits,
             schema=schema,
             columns=list(partition.columns),
             filter=list(partition.filters) if partition.filters else None,

@@ -56,7 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
-from aqueduct_spark.datasource.changes import FilesPartition, admit, pack
+from aqueduct_spark.datasource.changes import DataChanged, FilesPartition, admit, pack
 from aqueduct_spark.datasource.notifications import Subscription
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import spark_to_arrow
@@ -363,7 +363,16 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = partition.opts
         client = opts.client()
         schema = P.schema_from_bytes(partition.schema)
-        for split in partition.splits:
+        if opts.fail_on_data_loss and len(partition.splits) > 1:
+            # one scan for all the files (their small batches merged by the service)
+            yield from client.scan(
+                partition.splits,
+                schema=schema,
+                columns=list(partition.columns),
+                batch_rows=opts.batch_rows,
+            )
+            return
+        for split in partition.splits:  # file by file, to skip the ones that vanished
             try:
                 yield from client.scan(
                     split,
@@ -459,12 +468,51 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return sub.wait_newer(latest, IDLE_WAIT)
 
     def _prefetch(self, first: int, last: int) -> None:
-        """List the files of versions ``first..last`` not known yet, several at a time (a
-        backlog of many small versions would otherwise cost one round trip each)."""
+        """List the files of versions ``first..last`` not known yet: ranges of up to
+        ``PREFETCH`` versions per request (a backlog of many small versions would otherwise
+        cost one round trip each). What a range cannot answer (a version or file gone, a
+        service that predates ranges) is asked version by version, several at a time."""
         todo = [v for v in range(first, last + 1) if v not in self._files]
+        if len(todo) <= 1:
+            return
+        runs: list[list[int]] = []
+        for v in todo:
+            if runs and runs[-1][-1] == v - 1 and len(runs[-1]) < PREFETCH:
+                runs[-1].append(v)
+            else:
+                runs.append([v])
+        for run in runs:
+            if len(run) > 1:
+                self._fetch_range(run[0], run[-1])
+        todo = [v for v in todo if v not in self._files]
         if len(todo) > 1:
             with ThreadPoolExecutor(min(PREFETCH_THREADS, len(todo))) as pool:
                 list(pool.map(self._version_files, todo))
+
+    def _fetch_range(self, first: int, last: int) -> None:
+        expected = self._table_id
+        try:
+            result = self._client.changes(
+                self.opts.dataset,
+                first,
+                to_version=last,
+                missing_ok=not self.opts.fail_on_data_loss,
+                change_feed=self.opts.read_change_feed,
+            )
+        except (P.DataLoss, P.VersionNotFound, P.InvalidRequest):
+            return  # version by version, which tells which one is the matter and how
+        entries = result.get("versions")
+        if entries is None:
+            return  # a service without ranges answered for ``first`` alone
+        found = result.get("table_id")
+        if found is not None and expected is not None and found != expected:
+            self._moved(expected, str(found))
+        for e in entries:
+            try:
+                files = admit(e, self.opts)
+            except DataChanged:
+                return  # raised when that version is reached, as one by one
+            self._keep(int(e["version"]), (files, frozenset(e.get("missing") or ())))
 
     def _version_files(self, version: int) -> tuple[list[dict[str, Any]], frozenset[str]] | None:
         """The files ``version`` added and those of them already vacuumed; None when the
@@ -503,16 +551,21 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "version %d of %s is gone; skipping it (failOnDataLoss=false)", version, dataset
             )
             entry = None
+        self._keep(version, entry)
+        return entry
+
+    def _keep(
+        self, version: int, entry: tuple[list[dict[str, Any]], frozenset[str]] | None
+    ) -> None:
         if entry is not None and entry[1]:
             log.warning(
                 "%d files of %s version %d were vacuumed; they will be skipped "
                 "(failOnDataLoss=false)",
                 len(entry[1]),
-                dataset,
+                self.opts.dataset,
                 version,
             )
         self._files[version] = entry
-        return entry
 
     def _moved(self, old: str, new: str | None) -> None:
         """The table changed under a micro-batch being planned."""

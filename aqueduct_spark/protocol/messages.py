@@ -162,14 +162,21 @@ class Split:
 
 @dataclass(frozen=True)
 class ScanPlan:
+    """Splits of one pinned version, and ``tasks``: the splits packed into units of work
+    (indexes into ``splits``, consecutive, each split in exactly one task). A client that
+    does not know tasks scans each split on its own, as before tasks existed."""
+
     dataset: str
     version: int
     schema: pa.Schema
     splits: list[Split]
     rows: int
     bytes: int
+    tasks: list[tuple[int, ...]] | None = None
+    """None: one task per split."""
 
     def to_wire(self) -> dict[str, Any]:
+        tasks = self.tasks if self.tasks is not None else [(i,) for i in range(len(self.splits))]
         return {
             "dataset": self.dataset,
             "version": self.version,
@@ -177,6 +184,7 @@ class ScanPlan:
             "splits": [s.to_dict() for s in self.splits],
             "rows": self.rows,
             "bytes": self.bytes,
+            "tasks": [list(t) for t in tasks],
         }
 
 

@@ -114,6 +114,7 @@ class Operations:
             columns=field(req, "columns", list, None),
             filter=P.filters_to_expression(req.get("filters")),
             split_bytes=field(req, "split_bytes", int, None) or self.split_bytes,
+            **({} if req.get("open_cost") is None else {"open_cost": field(req, "open_cost", int)}),
         )
         return plan.to_wire()
 
@@ -187,6 +188,9 @@ class Operations:
         # missing_ok: files already vacuumed are listed under "missing" instead of failing
         # (a stream with failOnDataLoss=false skips just those, keeping file positions stable)
         missing: list[str] | None = [] if req.get("missing_ok") else None
+        last = field(req, "to_version", int, None)
+        if last is not None:
+            return self._changes_range(name, version, last, req, missing is not None)
         if req.get("change_feed"):
             # the change feed of one version: its change files, or its adds and removes
             found = changes.feed(
@@ -215,6 +219,49 @@ class Operations:
             # after the files: a table re-created meanwhile shows as another id, never as
             # the new table's files under the old id
             "table_id": self.store.table_id(name),
+        }
+
+    def _changes_range(
+        self, name: str, first: int, last: int, req: dict[str, Any], missing_ok: bool
+    ) -> Any:
+        """``changes`` of every version ``first..last``: each version's files, read from
+        those versions' commits alone (a stream catching up asks once per range)."""
+        if req.get("change_feed"):
+            if last < first:
+                raise P.InvalidRequest(f"to_version must be >= version {first}, got {last}")
+            found = changes.feed(
+                self.store, name, first, last, change_feed=True, missing_ok=missing_ok
+            )
+            gone = set(found["missing"])
+            entries = [
+                {
+                    "version": e["version"],
+                    "files": e["files"],
+                    "adds": e["adds"],
+                    "removes": e["removes"],
+                    "operation": e["operation"],
+                    "missing": [f["path"] for f in e["files"] if f["path"] in gone],
+                }
+                for e in found["versions"]
+            ]
+        else:
+            lost: dict[int, list[str]] | None = {} if missing_ok else None
+            removes: dict[int, int] = {}
+            by_version = self.store.versions_files(name, first, last, lost, removes)
+            entries = [
+                {
+                    "version": v,
+                    "files": [f.to_dict() for f in files],
+                    "removes": removes[v],
+                    "missing": (lost or {}).get(v, []),
+                }
+                for v, files in by_version.items()
+            ]
+        return {
+            "version": first,
+            "to_version": last,
+            "versions": entries,
+            "table_id": self.store.table_id(name),  # after the files, as for one version
         }
 
     def feed(self, req: dict[str, Any]) -> Any:

@@ -3,7 +3,11 @@
 A plan pins one table version. Every file of that version is a split, or several when it is
 larger than ``split_bytes`` (consecutive row groups, by compressed size). Files are skipped when
 the filter cannot match any of their rows, judged from the partition values and statistics in
-the Delta log, never from the data.
+the Delta log, never from the data. Splits are then packed into *tasks* (:func:`pack`, the idea
+of Spark's ``maxPartitionBytes`` and ``openCostInBytes``): consecutive splits share a task while
+their bytes, each counted with ``open_cost`` more for opening it, stay within ``split_bytes``.
+So 2,000 small files of a streamed table are a few dozen tasks, not 2,000; a task is scanned
+in one request (:func:`coalesce` merges its small batches).
 
 Skipping uses pyarrow's own expression simplification: each file becomes a fragment whose
 ``partition_expression`` is a *guarantee* that holds for every row of the file, and
@@ -267,6 +271,41 @@ def plan_splits(
             for ids, rows, size in groups
         )
     return splits
+
+
+def pack(splits: Sequence[Split], target_bytes: int, open_cost: int) -> list[tuple[int, ...]]:
+    """Consecutive splits grouped into tasks (indexes into ``splits``): a split costs its bytes
+    plus ``open_cost``, and a task takes splits while its cost stays within ``target_bytes``
+    (always at least one). Consecutive, so a task reads files in the log's order."""
+    tasks: list[tuple[int, ...]] = []
+    group: list[int] = []
+    cost = 0
+    for i, split in enumerate(splits):
+        c = split.bytes + open_cost
+        if group and cost + c > target_bytes:
+            tasks.append(tuple(group))
+            group, cost = [], 0
+        group.append(i)
+        cost += c
+    if group:
+        tasks.append(tuple(group))
+    return tasks
+
+
+def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Batches of up to ``rows`` rows from consecutive ``batches`` of one schema (a batch of
+    another schema starts a new one): many small files make many tiny batches, and each
+    batch costs a message and a conversion in Spark."""
+    held: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if held and (count + batch.num_rows > rows or not batch.schema.equals(held[0].schema)):
+            yield held[0] if len(held) == 1 else pa.concat_batches(held)
+            held, count = [], 0
+        held.append(batch)
+        count += batch.num_rows
+    if held:
+        yield held[0] if len(held) == 1 else pa.concat_batches(held)
 
 
 READ_BUFFER = 1 << 20

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -403,8 +404,12 @@ class DatasetService:
             session.scans -= 1
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
-        raw_split = field(req, "split", dict)
-        split = P.Split.from_dict(raw_split)
+        # "splits" (a plan's task, several scanned as one) or "split" (one: the first form)
+        raws = req.get("splits")
+        if raws is None:
+            raws = [field(req, "split", dict)]
+        elif not isinstance(raws, list) or not raws or not all(isinstance(d, dict) for d in raws):
+            raise P.InvalidRequest("field 'splits' of 'scan' must be a non-empty list of splits")
         columns = field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
         options = P.ipc_options(
@@ -415,14 +420,28 @@ class DatasetService:
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
         out.ordered(maxsize=SCAN_QUEUE)
 
+        def scan_one(raw: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+            if "change_type" in raw:  # a split of the change feed (service.changes)
+                return scan_change(self.store, raw, columns, batch_rows)
+            return self.store.scan(
+                P.Split.from_dict(raw), columns=columns, filter=expression, batch_rows=batch_rows
+            )
+
+        def scan_all() -> Iterator[pa.RecordBatch]:
+            if len(raws) == 1 and "splits" not in req:
+                return scan_one(raws[0])
+            if any("change_type" in raw for raw in raws):
+                return itertools.chain.from_iterable(scan_one(raw) for raw in raws)
+            # a task of plain splits: checked together, small batches merged
+            return self.store.scan(
+                [P.Split.from_dict(raw) for raw in raws],
+                columns=columns,
+                filter=expression,
+                batch_rows=batch_rows,
+            )
+
         def produce() -> Iterator[tuple[Any, int]]:
-            if "change_type" in raw_split:  # a split of the change feed (service.changes)
-                found = scan_change(self.store, raw_split, columns, batch_rows)
-            else:
-                found = self.store.scan(
-                    split, columns=columns, filter=expression, batch_rows=batch_rows
-                )
-            for batch in found:
+            for batch in scan_all():
                 if target is not None and batch.schema != target:
                     batch = _cast(batch, target)
                 yield P.batch_to_payload(batch, options), batch.num_rows

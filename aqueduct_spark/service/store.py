@@ -26,13 +26,14 @@ import datetime as dt
 import math
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 from deltalake.fs import DeltaStorageHandler
@@ -54,12 +55,18 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import commits, delta_log, delta_types, scan, staging
+from . import changes, commits, delta_log, delta_types, scan, staging
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
-from .tables import NAME_RE, Tables, delta_error
+from .tables import NAME_RE, Snapshot, Tables, delta_error
 
 _MIN_RETENTION = dt.timedelta(days=7)
+OPEN_COST = 4 << 20
+"""What opening one more file costs a scan task, in bytes it could have read meanwhile (as
+Spark's ``spark.sql.files.openCostInBytes``): small files are packed into tasks by it."""
+MAX_SCAN_SPLITS = 100_000
+MAX_VERSION_RANGE = 1000
+"""Versions one ``changes`` request may list the files of."""
 
 
 class Store(Tables):
@@ -68,15 +75,15 @@ class Store(Tables):
 
     # -- describing --------------------------------------------------------------------------------
 
-    def _info(self, name: str, table: DeltaTable) -> DatasetInfo:
-        version = table.version()
-        adds = pa.table(table.get_add_actions(flatten=False))
+    def _info(self, name: str, snap: Snapshot) -> DatasetInfo:
+        version = snap.version
+        adds = snap.files
         times = delta_log.commit_times(self.filesystem(name))
         return DatasetInfo(
             name=name,
             version=version,
-            schema=pa.schema(table.schema().to_arrow()),
-            partition_by=tuple(table.metadata().partition_columns),
+            schema=snap.schema,
+            partition_by=snap.partition_by,
             rows=int(pc.sum(adds["num_records"]).as_py() or 0) if adds.num_rows else 0,
             bytes=int(pc.sum(adds["size_bytes"]).as_py() or 0) if adds.num_rows else 0,
             files=adds.num_rows,
@@ -88,7 +95,7 @@ class Store(Tables):
         self, name: str, version: int | None = None, timestamp: dt.datetime | None = None
     ) -> DatasetInfo:
         """Schema, partitioning and size of a dataset: the latest version, or time travel."""
-        return self._info(name, self.open_table(name, version, timestamp))
+        return self._info(name, self.snapshot(name, version, timestamp))
 
     def transaction_version(self, name: str, app_id: str) -> int | None:
         """The last app transaction version committed for ``app_id``, or None."""
@@ -189,9 +196,7 @@ class Store(Tables):
             for path in sorted(files, key=lambda p: not p.startswith("_delta_log/")):
                 with contextlib.suppress(FileNotFoundError):
                     fs.delete_file(path)
-        with self._lock:
-            for key in [k for k in self._pinned_cache if k[0] == name]:
-                del self._pinned_cache[key]
+        self.forget(name)
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -203,16 +208,19 @@ class Store(Tables):
         columns: Sequence[str] | None = None,
         filter: pc.Expression | None = None,
         split_bytes: int = 128 << 20,
+        open_cost: int = OPEN_COST,
     ) -> ScanPlan:
         """Split a scan of one version into :class:`Split` units for :meth:`scan`, skipping
         files ``filter`` cannot match. A file larger than ``split_bytes`` is split between row
-        groups (so one row group larger than that stays one split). No files, no splits."""
+        groups (so one row group larger than that stays one split). No files, no splits.
+        The splits are packed into tasks of about ``split_bytes``, each split counted with
+        ``open_cost`` more (:func:`.scan.pack`)."""
         if require_int(split_bytes, "split_bytes") <= 0:
             raise InvalidRequest(f"split_bytes must be positive, got {split_bytes}")
-        table = self.open_table(name, version, timestamp)
-        v = table.version()
-        schema = pa.schema(table.schema().to_arrow())
-        parts = tuple(table.metadata().partition_columns)
+        if require_int(open_cost, "open_cost") < 0:
+            raise InvalidRequest(f"open_cost must be >= 0, got {open_cost}")
+        snap = self.snapshot(name, version, timestamp)
+        v, schema, parts = snap.version, snap.schema, snap.partition_by
         _, out_schema = scan.project(schema, columns)
         splits = scan.plan_splits(
             dataset=name,
@@ -220,12 +228,13 @@ class Store(Tables):
             fs=self.filesystem(name),
             schema=schema,
             partition_by=parts,
-            files=pa.table(table.get_add_actions(flatten=True)).to_pylist(),
+            files=snap.files.to_pylist(),
             filter=scan.check_filter(schema, filter),
             split_bytes=split_bytes,
         )
         rows, nbytes = sum(s.rows for s in splits), sum(s.bytes for s in splits)
-        return ScanPlan(name, v, out_schema, splits, rows, nbytes)
+        tasks = scan.pack(splits, split_bytes, open_cost)
+        return ScanPlan(name, v, out_schema, splits, rows, nbytes, tasks)
 
     def version_files(
         self, name: str, version: int, missing: list[str] | None = None
@@ -237,117 +246,183 @@ class Store(Tables):
         DataLoss if the version's log entry is gone, or if one of its files is gone
         (vacuumed); with a ``missing`` list, the paths of gone files are appended to it
         instead and their splits are still returned, so positions in the list stay stable."""
+        gone: dict[int, list[str]] | None = None if missing is None else {}
+        files = self.versions_files(name, version, version, gone)[version]
+        if missing is not None and gone:
+            missing.extend(gone.get(version, []))
+        return files
+
+    def versions_files(
+        self,
+        name: str,
+        first: int,
+        last: int,
+        missing: dict[int, list[str]] | None = None,
+        removes: dict[int, int] | None = None,
+    ) -> dict[int, list[Split]]:
+        """:meth:`version_files` of every version ``first..last`` at once (what a stream's
+        micro-batch needs), from those versions' commit files alone: never the whole table.
+        DataLoss if any of their log entries is gone; gone files as in :meth:`version_files`,
+        by version in ``missing``. ``removes`` receives how many files each version removed
+        as a change of data."""
         self.validate_name(name)
-        if require_int(version, "version") < 0:
-            raise InvalidRequest(f"version must be >= 0, got {version}")
+        if require_int(first, "version") < 0:
+            raise InvalidRequest(f"version must be >= 0, got {first}")
+        if require_int(last, "to_version") < first or last - first >= MAX_VERSION_RANGE:
+            raise InvalidRequest(
+                f"to_version must be from version {first} to {first + MAX_VERSION_RANGE - 1}, "
+                f"got {last}"
+            )
         latest = self.latest_version(name)
-        if version > latest:
-            raise VersionNotFound(
-                f"dataset {name!r} has no version {version} yet (latest {latest})"
-            )
+        if last > latest:
+            raise VersionNotFound(f"dataset {name!r} has no version {last} yet (latest {latest})")
         fs = self.filesystem(name)
-        actions = delta_log.read_log(fs, version)
-        if not actions:
-            raise DataLoss(
-                f"version {version} of dataset {name!r} is no longer in its log (cleaned up)"
-            )
-        adds = [
-            a["add"]
-            for a in actions
-            if isinstance(a.get("add"), dict) and a["add"].get("dataChange", True)
-        ]
-        if not adds:
-            return []
-        # Partitioning never changes here: the latest version's (cached) says whether the
-        # typed partition values are needed, which only a load of the version gives.
-        _, parts = self.pinned(name, latest)
-        if parts:
-            try:
-                table = self.open_table(name, version, None)
-            except VersionNotFound as exc:
+        versions = list(range(first, last + 1))
+        adds: dict[int, list[dict[str, Any]]] = {}
+        for v, actions in zip(versions, delta_log.read_logs(fs, versions), strict=True):
+            if not actions:
                 raise DataLoss(
-                    f"version {version} of dataset {name!r} cannot be loaded any more "
-                    "(its log was cleaned up)"
-                ) from exc
-            parts = tuple(table.metadata().partition_columns)
-            wanted = {unquote(a["path"]) for a in adds}
-            files = [
-                (
-                    unquote(f["path"]),
-                    {c: f.get(f"partition.{c}") for c in parts},
-                    int(f.get("num_records") or 0),
-                    int(f["size_bytes"]),
+                    f"version {v} of dataset {name!r} is no longer in its log (cleaned up)"
                 )
-                for f in pa.table(table.get_add_actions(flatten=True)).to_pylist()
-                if unquote(f["path"]) in wanted
+            adds[v] = [
+                a["add"]
+                for a in actions
+                if isinstance(a.get("add"), dict) and a["add"].get("dataChange", True)
             ]
-        else:
-            files = [
-                (unquote(a["path"]), {}, delta_log.num_records(a), int(a["size"])) for a in adds
-            ]
-        files.sort(key=lambda f: f[0])
-        splits = [
-            Split(
-                dataset=name,
-                version=version,
-                path=path,
-                row_groups=None,
-                partition=partition,
-                rows=rows,
-                bytes=size,
+            if removes is not None:
+                removes[v] = changes.removed_by(actions)
+        # Partitioning never changes here: the latest version's (cached) says whether the
+        # typed partition values are needed, which only a loaded table gives.
+        _, parts = self.pinned(name, latest)
+        typed = self._typed_partitions(name, adds) if parts else {}
+        out: dict[int, list[Split]] = {}
+        for v in versions:
+            files = sorted(
+                (
+                    unquote(a["path"]),
+                    typed[unquote(a["path"])][0] if parts else {},
+                    typed[unquote(a["path"])][1] if parts else delta_log.num_records(a),
+                    int(a["size"]),
+                )
+                for a in adds[v]
             )
-            for path, partition, rows, size in files
-        ]
-        infos = fs.get_file_info([sp.path for sp in splits])
-        gone = [i.path for i in infos if i.type == pafs.FileType.NotFound]
-        if gone:
+            out[v] = [
+                Split(
+                    dataset=name,
+                    version=v,
+                    path=path,
+                    row_groups=None,
+                    partition=partition,
+                    rows=rows,
+                    bytes=size,
+                )
+                for path, partition, rows, size in files
+            ]
+        paths = [sp.path for files in out.values() for sp in files]
+        found = {i.path: i.type for i in fs.get_file_info(paths)} if paths else {}
+        for v, splits in out.items():
+            gone = [sp.path for sp in splits if found[sp.path] == pafs.FileType.NotFound]
+            if not gone:
+                continue
             if missing is None:
                 raise DataLoss(
-                    f"{len(gone)} data files of dataset {name!r} version {version} are gone "
+                    f"{len(gone)} data files of dataset {name!r} version {v} are gone "
                     f"(vacuumed), e.g. {gone[0]!r}"
                 )
-            missing.extend(gone)
-        return splits
+            missing[v] = gone
+        return out
+
+    def _typed_partitions(
+        self, name: str, adds: dict[int, list[dict[str, Any]]]
+    ) -> dict[str, tuple[dict[str, Any], int]]:
+        """Typed partition values and row counts of the files ``adds`` name, from the table
+        at its latest version (one load for all of them); a file no longer live there from
+        the table at the version that added it."""
+        found: dict[str, tuple[dict[str, Any], int]] = {}
+
+        def take(snap: Snapshot, wanted: set[str]) -> None:
+            files = snap.files
+            paths = [unquote(p) for p in files.column("path").to_pylist()]
+            rows = files.column("num_records").to_pylist()
+            cols = {c: files.column(f"partition.{c}").to_pylist() for c in snap.partition_by}
+            for i, path in enumerate(paths):
+                if path in wanted:
+                    partition = {c: cols[c][i] for c in snap.partition_by}
+                    found[path] = (partition, int(rows[i] or 0))
+
+        take(self.snapshot(name), {unquote(a["path"]) for v in adds for a in adds[v]})
+        for v, actions in adds.items():
+            left = {unquote(a["path"]) for a in actions} - found.keys()
+            if not left:
+                continue
+            try:
+                snap = self.snapshot(name, v)
+            except VersionNotFound as exc:
+                raise DataLoss(
+                    f"version {v} of dataset {name!r} cannot be loaded any more "
+                    "(its log was cleaned up)"
+                ) from exc
+            take(snap, left)
+        return found
 
     def scan(
         self,
-        split: Split,
+        split: Split | Sequence[Split],
         columns: Sequence[str] | None = None,
         filter: pc.Expression | None = None,
         batch_rows: int = 65536,
     ) -> Iterator[pa.RecordBatch]:
-        """Stream the rows of one split: projected, filtered exactly, in the projected schema.
+        """Stream the rows of one split, or of several one after the other (a plan's task):
+        projected, filtered exactly, in the projected schema of each split's version. The
+        small batches of several splits are merged into batches of up to ``batch_rows``.
 
         Everything is checked before this returns (a bad split, columns or filter; a missing
         file is :class:`DataLoss`); rows are read as the iterator is consumed, at most a few
-        batches ahead.
+        batches ahead. Of several splits, only the first file's presence is checked here; a
+        later one found missing fails the iteration with :class:`DataLoss`.
         """
-        if not isinstance(split, Split):
-            split = Split.from_dict(split)
+        many = not isinstance(split, Split | Mapping)
+        given: list[Any] = list(split) if many else [split]  # type: ignore[arg-type]
+        if not given or len(given) > MAX_SCAN_SPLITS:
+            raise InvalidRequest(f"a scan needs 1 to {MAX_SCAN_SPLITS} splits, got {len(given)}")
+        splits = [s if isinstance(s, Split) else Split.from_dict(s) for s in given]
         if require_int(batch_rows, "batch_rows") <= 0:
             raise InvalidRequest(f"batch_rows must be positive, got {batch_rows}")
-        staging.check_relative_path(split.path)
-        schema, parts = self.pinned(split.dataset, split.version)
-        cols, out_schema = scan.project(schema, columns)
-        filt = scan.check_filter(schema, filter)
-        scan.partition_expression(schema, parts, split.partition)
-        fs = self.filesystem(split.dataset)
-        if fs.get_file_info(split.path).type != pafs.FileType.File:
+        readers = []
+        pinned: dict[tuple[str, int], tuple[Any, ...]] = {}  # one look-up per version
+        for sp in splits:
+            staging.check_relative_path(sp.path)
+            key = (sp.dataset, sp.version)
+            if key not in pinned:
+                schema, parts = self.pinned(*key)
+                cols, out_schema = scan.project(schema, columns)
+                filt = scan.check_filter(schema, filter)
+                pinned[key] = (self.filesystem(sp.dataset), schema, parts, cols, out_schema, filt)
+            fs, schema, parts, cols, out_schema, filt = pinned[key]
+            scan.partition_expression(schema, parts, sp.partition)
+            readers.append((fs, schema, parts, sp, cols, out_schema, filt))
+        first = splits[0]
+        if readers[0][0].get_file_info(first.path).type != pafs.FileType.File:
             raise DataLoss(
-                f"data file {split.path!r} of dataset {split.dataset!r} version {split.version} "
+                f"data file {first.path!r} of dataset {first.dataset!r} version {first.version} "
                 "is missing: it was vacuumed or deleted outside the service. Read a later "
                 "version (plan the scan again)"
             )
-        return scan.read_split(
-            fs=fs,
-            schema=schema,
-            partition_by=parts,
-            split=split,
-            columns=cols,
-            out_schema=out_schema,
-            filter=filt,
-            batch_rows=batch_rows,
-        )
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for fs, schema, parts, sp, cols, out_schema, filt in readers:
+                yield from scan.read_split(
+                    fs=fs,
+                    schema=schema,
+                    partition_by=parts,
+                    split=sp,
+                    columns=cols,
+                    out_schema=out_schema,
+                    filter=filt,
+                    batch_rows=batch_rows,
+                )
+
+        return scan.coalesce(batches(), batch_rows) if many else batches()
 
     # -- writing -----------------------------------------------------------------------------------
 

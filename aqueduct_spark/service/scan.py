@@ -276,7 +276,7 @@ def plan_splits(
 def pack(splits: Sequence[Split], target_bytes: int, open_cost: int) -> list[tuple[int, ...]]:
     """Consecutive splits grouped into tasks (indexes into ``splits``): a split costs its bytes
     plus ``open_cost``, and a task takes splits while its cost stays within ``target_bytes``
-    (always at least one). Consecutive, so a task reads files in the log's order."""
+    (always at least one). Consecutive, in the plan's order."""
     tasks: list[tuple[int, ...]] = []
     group: list[int] = []
     cost = 0

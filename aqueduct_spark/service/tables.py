@@ -37,6 +37,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, PostCommitHookProperties
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 
@@ -56,6 +57,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _META_CACHE_SIZE = 256
 _STATE_CACHE_SIZE = 64
 _SNAPSHOT_CACHE_SIZE = 16
+_WALK_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -330,8 +332,13 @@ class Tables:
     def table_id(self, name: str) -> str:
         """The table's identity, Delta's ``metaData.id``: fixed when the table is created, so
         a dataset dropped and created again under the same name has another one. Streaming
-        offsets carry it (as Delta's source does) to notice a checkpoint of another table."""
-        return self.pinned_meta(name, self.latest_version(name))[2]
+        offsets carry it (as Delta's source does) to notice a checkpoint of another table.
+        Read from version 0's commit while the log has it (one small file), since the id
+        never changes; else from the latest version."""
+        versions = delta_log.commit_times(self.filesystem(name)) if self.exists(name) else {}
+        if not versions:
+            raise DatasetNotFound(f"dataset {name!r} does not exist")
+        return self.pinned_meta(name, 0 if 0 in versions else max(versions))[2]
 
     def pinned(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...]]:
         """Schema and partition columns of one version, cached: a version never changes."""
@@ -339,25 +346,64 @@ class Tables:
         return schema, parts
 
     def pinned_meta(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...], str]:
-        """Schema, partition columns and table id of one version, cached by its commit file."""
+        """Schema, partition columns and table id of one version, cached by its commit file.
+
+        Without loading the table where the log tells: walking back through the commit
+        files from ``version`` to the nearest version already known, or whose commit set
+        the metadata (a stream reads versions in order: one commit file each). Past
+        ``_WALK_LIMIT`` commits, or where the log was cleaned up, from the loaded table."""
         self.validate_name(name)
         if require_int(version, "version") < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
-        info = self.filesystem(name).get_file_info(_commit_file(version))
-        key = (name, version, info.size, info.mtime_ns)
-        if info.type == pafs.FileType.File:
+        fs = self.filesystem(name)
+        walked: list[tuple[Any, ...]] = []
+        meta: tuple[pa.Schema, tuple[str, ...], str] | None = None
+        v = version
+        while v >= 0 and meta is None and len(walked) < _WALK_LIMIT:
+            info = fs.get_file_info(_commit_file(v))
+            if info.type != pafs.FileType.File:
+                break
+            key = (name, v, info.size, info.mtime_ns)
             with self._lock:
+                state = self._states.get(name)
                 if key in self._pinned_cache:
                     self._pinned_cache.move_to_end(key)
-                    return self._pinned_cache[key]
-        snap = self.snapshot(name, version)
-        meta = (snap.schema, snap.partition_by, snap.table_id)
-        if info.type == pafs.FileType.File:
-            with self._lock:
+                    meta = self._pinned_cache[key]
+                    break
+            snap = state.snapshot if state is not None else None
+            if (
+                snap is not None
+                and snap.version == v
+                and state is not None
+                and state.key == key[2:]
+            ):
+                meta = (snap.schema, snap.partition_by, snap.table_id)
+                break
+            walked.append(key)
+            try:
+                meta = _metadata(delta_log.read_log(fs, v))
+            except (ValueError, KeyError, TypeError, DeltaError):
+                break  # metadata this code cannot read: the table's own loader can
+            v -= 1
+        if meta is None:
+            snap = self.snapshot(name, version)
+            meta = (snap.schema, snap.partition_by, snap.table_id)
+        with self._lock:
+            for key in walked:
                 self._pinned_cache[key] = meta
-                while len(self._pinned_cache) > _META_CACHE_SIZE:
-                    self._pinned_cache.popitem(last=False)
+            while len(self._pinned_cache) > _META_CACHE_SIZE:
+                self._pinned_cache.popitem(last=False)
         return meta
+
+
+def _metadata(actions: Sequence[dict[str, Any]]) -> tuple[pa.Schema, tuple[str, ...], str] | None:
+    """Schema, partition columns and table id a commit's ``metaData`` action sets, if any."""
+    for action in actions:
+        md = action.get("metaData")
+        if isinstance(md, dict):
+            schema = pa.schema(DeltaSchema.from_json(md["schemaString"]).to_arrow())
+            return schema, tuple(md.get("partitionColumns") or ()), str(md["id"])
+    return None
 
 
 def delta_error(name: str, exc: DeltaError) -> DatasetError:

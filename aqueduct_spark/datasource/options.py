@@ -156,20 +156,8 @@ OPTIONS: tuple[Option, ...] = (
         "read",
         "Comma-separated columns to read (Spark cannot prune Python sources; this cuts data at the service).",
     ),
-    Option(
-        "splitSize",
-        "128MB",
-        "read",
-        "Target bytes per Spark partition: small files are packed together up to it, larger "
-        "files split by row groups.",
-    ),
-    Option(
-        "fileOpenCost",
-        "4MB",
-        "read",
-        "What each file counts for, on top of its size, when small files are packed into "
-        "partitions (as Spark's `openCostInBytes`): lower it for fewer, larger partitions.",
-    ),
+    Option("splitSize", "128MB", "read", "Target bytes per Spark partition (small files packed)."),
+    Option("fileOpenCost", "4MB", "read", "Bytes each file adds when packing (openCostInBytes)."),
     Option("batchRows", "65536", "read", "Rows per Arrow batch sent by the service."),
     Option(
         "pushDownPredicate",

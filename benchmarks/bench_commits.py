@@ -42,7 +42,7 @@ def writer(url: str, fingerprint: str, dataset: str, seconds: float) -> None:
     from aqueduct_core.transport import ClientTLS
     from aqueduct_spark.client import Client
 
-    client = Client(url, tls=ClientTLS(fingerprint=fingerprint), retries=1)
+    client = Client(url, tls=ClientTLS(fingerprint=fingerprint), retries=1, connect_timeout=60)
     client.describe(dataset)  # connected before the clock starts
     data = pa.table({"id": pa.array(range(ROWS), pa.int64())})
     acked, failed, latencies = 0, 0, []
@@ -75,7 +75,11 @@ def run_writers(svc: Any, dataset: str, n: int, seconds: float) -> dict[str, Any
         for _ in range(n)
     ]
     for p in procs:  # every writer connected before any starts
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"a writer process failed to connect (exit {p.wait()})")
     began = time.perf_counter()
     for p in procs:
         assert p.stdin is not None

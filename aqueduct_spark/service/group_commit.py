@@ -153,6 +153,11 @@ class Groups:
                 raise RuntimeError(f"group commit: {len(outcomes)} outcomes for {len(batch)}")
         except Exception as exc:  # every waiter hears it, none waits forever
             outcomes = [exc] * len(batch)
+        except BaseException:  # the leader is interrupted: its followers must not wait on
+            for w in batch:
+                w.outcome = InternalError("the commit this append waited for was interrupted")
+                w.done = True
+            raise
         for w, outcome in zip(batch, outcomes, strict=True):
             w.outcome = outcome
             w.done = True

@@ -31,7 +31,8 @@ class ClientConfig:
     retry_backoff: float = 0.2
     """First backoff in seconds (doubles each attempt, with jitter)."""
     timeout: float = 60.0
-    """Seconds to wait for a reply to a request (not for a whole scan or write)."""
+    """Seconds to wait for a reply to a request (not for a whole scan or write), and for a
+    service this client reached before to be back after it went away (a restart)."""
     connect_timeout: float = 5.0
     """Seconds to spend, at most, opening a connection: every attempt (QUIC and TCP, each
     address of the URL) and the pauses between them. A service that is not there fails

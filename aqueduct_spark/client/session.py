@@ -7,7 +7,9 @@ but only once the client sends one). A request that can be repeated finds out an
 on a new connection. One that cannot (a ``write``, whose data is streamed from the caller and
 is gone once sent; a ``commit`` without an application transaction) must not be the one to
 find out: before it, a connection quiet for :data:`PROBE_AFTER` is proven with a ``ping``
-round trip, which is retried like any idempotent request.
+round trip, which is retried like any idempotent request. While the service is away (it is
+restarting: nothing listens on its port for a while), a session that reached it before waits
+for it for up to the request ``timeout``, so a running query outlives a restart.
 
 A request already sent when the service died is answered by nobody. QUIC retransmits it with
 exponential backoff, so the restarted service may see the next copy (and answer with a
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from aqueduct_core.api import Connection, oneshot
@@ -31,7 +34,7 @@ from aqueduct_core.errors import AqueductError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.connecting import open_connection
-from aqueduct_spark.client.failures import Kind, classify
+from aqueduct_spark.client.failures import Kind, ServiceUnreachable, classify
 from aqueduct_spark.client.retry import Retrying, RetryPolicy
 from aqueduct_spark.client.urls import parse_endpoints
 
@@ -41,6 +44,9 @@ T = TypeVar("T")
 PROBE_AFTER = 1.0
 """Seconds without an answer on a connection after which a request that cannot be repeated
 first proves it alive with a ``ping`` (one round trip)."""
+REOPEN = 0.25
+"""Seconds between attempts to reach a service that went away (see :meth:`Session._reopen`):
+each attempt at a port nobody listens on costs a round trip."""
 NUDGE = 0.5
 """Seconds a connection may stay silent while something waits on it before a ``ping`` goes
 out on it (see the module's docstring)."""
@@ -57,8 +63,9 @@ class Session:
         self._closing: set[asyncio.Future[None]] = set()
         self._heard: tuple[Connection, float] | None = None
         """The connection that last answered, and when (monotonic)."""
-        self._pinging: tuple[Connection, asyncio.Future[None]] | None = None
-        """The ping out on a connection (see :meth:`_nudge`)."""
+        self._pinged: tuple[Connection, float] | None = None
+        """The connection last pinged by :meth:`_nudge`, and when (monotonic)."""
+        self._pings: set[asyncio.Future[None]] = set()
 
     async def _connection(self) -> Connection:
         conn = self._conn
@@ -70,9 +77,29 @@ class Session:
             headers: list[tuple[bytes, bytes]] = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
-            self._conn = await open_connection(self.config, self._endpoints, headers)
+            if self._heard is None:
+                self._conn = await open_connection(self.config, self._endpoints, headers)
+            else:
+                self._conn = await self._reopen(headers)
             self._answered(self._conn)  # its handshake just proved it
             return self._conn
+
+    async def _reopen(self, headers: list[tuple[bytes, bytes]]) -> Connection:
+        """A new connection to a service this session reached before: it went away, most
+        likely to restart, so it is waited for up to the request ``timeout`` (a service
+        never reached fails within ``connect_timeout``), tried every :data:`REOPEN` s so
+        that it is found as soon as it is back."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout
+        once = replace(self.config, retries=0)  # one round; the pauses are ours
+        while True:
+            try:
+                return await open_connection(once, self._endpoints, headers)
+            except ServiceUnreachable:
+                if loop.time() + REOPEN >= deadline:
+                    raise
+                log.info("the dataset service at %s is away; waiting for it", self.config.url)
+                await asyncio.sleep(REOPEN)
 
     def _drop_connection(self, conn: Connection) -> None:
         """Forget ``conn`` and close it in the background: requests waiting on it fail now
@@ -177,20 +204,29 @@ class Session:
             task.cancel()
 
     def _nudge(self, conn: Connection) -> None:
-        """Ping ``conn`` in the background, unless it answered within :data:`NUDGE` s or a
-        ping is already out."""
-        heard, pinging = self._heard, self._pinging
-        if conn.is_closed or (pinging is not None and pinging[0] is conn and not pinging[1].done()):
+        """Ping ``conn`` in the background, unless it answered or was pinged within
+        :data:`NUDGE` s. Each ping is a new packet: on a dead connection an earlier one may
+        wait for QUIC's next retransmission, seconds away."""
+        now = time.monotonic()
+        for last in (self._heard, self._pinged):
+            if last is not None and last[0] is conn and now - last[1] < NUDGE:
+                return
+        if conn.is_closed:
             return
-        if heard is not None and heard[0] is conn and time.monotonic() - heard[1] < NUDGE:
-            return
-        self._pinging = (conn, asyncio.ensure_future(self._ping(conn)))
+        self._pinged = (conn, now)
+        ping = asyncio.ensure_future(self._ping(conn))
+        self._pings.add(ping)
+        ping.add_done_callback(self._pings.discard)
 
     async def _ping(self, conn: Connection) -> None:
         with contextlib.suppress(Exception):
             reply, answer = oneshot()
             await conn.entrypoint.send({"op": "ping", "reply": reply})
-            await asyncio.wait_for(answer, self.config.timeout)
+            try:
+                await asyncio.wait_for(answer, 10 * NUDGE)
+            except TimeoutError:
+                answer.close()  # later pings have gone out meanwhile
+                return
             self._answered(conn)
 
     async def _call_once(self, op: str, fields: dict[str, Any]) -> Any:

@@ -122,7 +122,8 @@ OPTIONS: tuple[Option, ...] = (
         "requestTimeout",
         duration_text(ClientConfig.timeout),
         "all",
-        "How long to wait for the answer to one request.",
+        "How long to wait for the answer to one request, and for a service that went away "
+        "(restarting) to be back.",
     ),
     Option(
         "retries",
@@ -134,8 +135,8 @@ OPTIONS: tuple[Option, ...] = (
         "idleTimeout",
         duration_text(TransportConfig.idle_timeout),
         "all",
-        "A service silent this long is gone and the connection is reopened; lower it to notice "
-        "a restarted service sooner.",
+        "A service silent this long is gone and the connection is reopened. A restarted "
+        "service is noticed within about a second without it (it resets old connections).",
     ),
     Option(
         "flowWindow",

@@ -39,6 +39,11 @@ def _log_listing(fs: pafs.FileSystem) -> list[pafs.FileInfo]:
         return []
 
 
+def is_commit_file(name: str) -> bool:
+    """Whether a file name in ``_delta_log`` is a commit (``<20 digits>.json``)."""
+    return bool(_LOG_JSON_RE.match(name))
+
+
 def commit_times(fs: pafs.FileSystem) -> dict[int, dt.datetime]:
     """Every version whose commit file is in the log, with its (monotonic) commit time."""
     found = []

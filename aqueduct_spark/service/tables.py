@@ -100,6 +100,9 @@ def _commit_file(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
 
 
+_FIRST = os.path.basename(_commit_file(0))
+
+
 def _file_key(info: pafs.FileInfo) -> tuple[Any, ...] | None:
     return (info.size, info.mtime_ns) if info.type == pafs.FileType.File else None
 
@@ -320,10 +323,28 @@ class Tables:
                     del cache[key]
 
     def exists(self, name: str) -> bool:
+        """Whether ``name`` is a Delta table. On a local disk its first commit or checkpoint
+        pointer says so (a stat or two); else deltalake's test, which lists the whole log
+        (20 ms at 1,000 versions, and every request asks)."""
         self.validate_name(name)
+        local = self.local_dir(name)
+        if local is not None:
+            log = os.path.join(local, "_delta_log")
+            if any(os.path.isfile(os.path.join(log, f)) for f in (_FIRST, "_last_checkpoint")):
+                return True
         return bool(DeltaTable.is_deltatable(self.uri(name), storage_options=self.delta_options()))
 
     def latest_version(self, name: str) -> int:
+        local = self.local_dir(name)
+        if local is not None and self.exists(name):
+            # names only: the listing with commit times stats every file of the log
+            try:
+                names = os.listdir(os.path.join(local, "_delta_log"))
+            except FileNotFoundError:
+                names = []
+            found = [int(n[:20]) for n in names if delta_log.is_commit_file(n)]
+            if found:
+                return max(found)
         versions = delta_log.commit_times(self.filesystem(name)) if self.exists(name) else {}
         if not versions:
             raise DatasetNotFound(f"dataset {name!r} does not exist")

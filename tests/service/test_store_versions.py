@@ -12,8 +12,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from delta_store_helpers import write
+from deltalake import DeltaTable
 
-from aqueduct_spark.protocol import DataLoss, InvalidRequest, VersionNotFound
+from aqueduct_spark.protocol import DataLoss, DatasetNotFound, InvalidRequest, VersionNotFound
 from aqueduct_spark.service import delta_log, tables
 from aqueduct_spark.service.store import Store
 from benchmarks.versions_data import build_versions
@@ -276,3 +277,18 @@ def test_pinned_schemas_follow_metadata_changes(tmp_path) -> None:
         assert fresh.pinned("evolve", v) == want
     assert fresh.pinned("evolve", 3)[0].names == ["id", "extra"]
     assert fresh.pinned("evolve", 1)[0].names == ["id"]
+
+
+def test_exists_and_latest_version_without_listing_the_log(tmp_path) -> None:
+    store = Store(str(tmp_path))
+    assert not store.exists("t")
+    versions(store, "t", 12)
+    assert store.exists("t") and store.latest_version("t") == 12
+    DeltaTable(os.path.join(tmp_path, "t")).create_checkpoint()
+    for v in range(0, 5):  # the log cleaned up below a checkpoint: still a table
+        os.remove(os.path.join(tmp_path, "t", "_delta_log", f"{v:020d}.json"))
+    assert store.exists("t") and store.latest_version("t") == 12
+    store.drop("t")
+    assert not store.exists("t")
+    with pytest.raises(DatasetNotFound):
+        store.latest_version("t")

@@ -106,7 +106,8 @@ def check_schema(
         raise DatasetExists(
             f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
         )
-    current, table_parts = group_commit.SNAPSHOTS.schema(tables, name)
+    latest = tables.snapshot(name)
+    current, table_parts = latest.schema, latest.partition_by
     if mode == "overwrite" and overwrite_schema:
         lost = [c for c in table_parts if c not in given.names]
         if lost:

@@ -180,9 +180,11 @@ class _Latest:
 
 
 class Snapshots:
-    """The latest version of each dataset, one Delta table handle per dataset kept up to date
-    with ``update_incremental`` (it reads the new commits only; a full load replays the log
-    from the last checkpoint, up to 100 commit files: 10-100x slower on an object store).
+    """The latest version of each dataset to commit on: one Delta table handle per dataset
+    kept up to date with ``update_incremental`` (it reads the new commits only; a full load
+    replays the log from the last checkpoint, up to 100 commit files: 10-100x slower on an
+    object store). Reads take their immutable :meth:`Tables.snapshot` instead; a commit
+    needs the handle itself (its app transactions, ``create_write_transaction``).
     A dataset dropped and created again is noticed by its commit file changing, and loaded
     afresh. Thread-safe: a handle is used by one thread at a time, under its lock."""
 
@@ -234,11 +236,6 @@ class Snapshots:
         with self._lock:
             entry = self._latest.get((tables.root, name))
         return entry.fs if entry is not None and entry.fs is not None else tables.filesystem(name)
-
-    def schema(self, tables: Tables, name: str) -> tuple[pa.Schema, tuple[str, ...]]:
-        """The latest version's schema and partition columns."""
-        with self.table(tables, name) as table:
-            return pa.schema(table.schema().to_arrow()), tuple(table.metadata().partition_columns)
 
 
 SNAPSHOTS = Snapshots()

@@ -55,6 +55,7 @@ def _latency(client: Any, src: str, dst: str, first: int, query: Any) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow  # 1-5 minutes: a Spark query started, run, and a service restarted
 @pytest.mark.timeout(600)  # starting the query takes minutes on a loaded 2-core machine
 def test_a_streaming_query_goes_on_within_3_s_of_a_service_restart(
     spark: Any, tmp_path: Path

@@ -86,11 +86,8 @@ class Writes(Session):
         try:
             async for batch in _aiter(batches):
                 batch = _conform(batch, target)
-                for piece in _slices(batch, self.config.chunk_bytes):
-                    await tx.send(
-                        P.batch_to_payload(piece, options),
-                        headers=[P.batch_header(piece.num_rows, seq)],
-                    )
+                for piece, payload in _payloads(batch, self.config.chunk_bytes, options):
+                    await tx.send(payload, headers=[P.batch_header(piece.num_rows, seq)])
                     seq += 1
         except ChannelError:
             _cancel(tx)
@@ -226,6 +223,34 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         raise P.SchemaMismatch(
             f"this data does not match the dataset's schema: {exc}. Dataset schema: {schema}"
         ) from exc
+
+
+def _payloads(
+    batch: pa.RecordBatch, chunk_bytes: int, options: pa.ipc.IpcWriteOptions
+) -> Iterator[tuple[pa.RecordBatch, Any]]:
+    """``batch`` in slices of about ``chunk_bytes``, each with its data message; a slice
+    whose message is over the service's limit is halved. A single row over it cannot be
+    sent: InvalidRequest, before anything of it is (the service would refuse it and close
+    the channel, which looked like a lost connection)."""
+    todo = list(_slices(batch, chunk_bytes))
+    todo.reverse()
+    while todo:
+        piece = todo.pop()
+        payload = P.batch_to_payload(piece, options)
+        size = len(payload)
+        if size <= P.MAX_BATCH_BYTES:
+            yield piece, payload
+        elif piece.num_rows > 1:
+            half = piece.num_rows // 2
+            todo += [piece.slice(half), piece.slice(0, half)]
+        else:
+            raise P.InvalidRequest(
+                f"a row of this write is {size / 2**20:.1f} MiB once encoded, over the "
+                f"{P.MAX_BATCH_BYTES // 2**20} MiB one data message may carry (the dataset "
+                "protocol's limit; no option raises it). A row is never split, so it cannot be "
+                "written: keep values this large outside the dataset (in object storage, say) "
+                "and store where they are"
+            )
 
 
 def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:

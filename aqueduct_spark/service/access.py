@@ -28,7 +28,7 @@ READ_WRITE = "read-write"
 RIGHTS = (READ, READ_WRITE)
 
 READ_OPS = frozenset(
-    {"list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
+    {"ping", "list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
 )
 """Requests that only read (the server's ``REPLAY_SAFE``, kept equal by a test); every other
 operation (create, drop, begin, write, commit, abort, compact, vacuum, restore, delete and any
@@ -70,6 +70,8 @@ class Grant:
         ``op`` on ``dataset`` (None: a request that names no dataset, such as ``list``)."""
         if op == "list":
             return  # answered with the datasets this grant may read, see may_read
+        if op == "ping":
+            return  # touches no dataset: the client's liveness probe before a write
         what = "the whole service" if dataset is None else f"dataset {dataset!r}"
         details = {"operation": op} if dataset is None else {"operation": op, "dataset": dataset}
         covered = self.datasets == ("*",) if dataset is None else self.covers(dataset)

@@ -33,11 +33,11 @@ class ClientConfig:
     timeout: float = 60.0
     """Seconds to wait for a reply to a request (not for a whole scan or write), and for a
     service this client reached before to be back after it went away (a restart)."""
-    connect_timeout: float = 5.0
+    connect_timeout: float = 15.0
     """Seconds to spend, at most, opening a connection: every attempt (QUIC and TCP, each
-    address of the URL) and the pauses between them. A service that is not there fails
-    within this (where the host says the port is closed: after ``retries`` quick attempts,
-    1-3 s)."""
+    address of the URL) and the pauses between them. A closed port fails long before (the
+    host says so: ``retries`` quick attempts, 1-3 s); this bounds a host that answers
+    nothing, which cannot be told from a slow one (an overloaded machine: hence not less)."""
     compression: str = "none"
     """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
     chunk_bytes: int = CHUNK_BYTES

@@ -116,7 +116,8 @@ OPTIONS: tuple[Option, ...] = (
         duration_text(ClientConfig.connect_timeout),
         "all",
         "How long to keep trying to reach the service (every attempt and pause) before the "
-        "query fails; a service that is not there fails within it.",
+        "query fails. A closed port fails in 1-3 s (the host says nothing listens); this "
+        "bounds a host that answers nothing.",
     ),
     Option(
         "requestTimeout",

@@ -66,17 +66,17 @@ def test_an_http_url_fails_at_once() -> None:
 
 
 def test_a_silent_service_fails_within_the_connect_timeout(silent: int) -> None:
-    """Nothing answers at all (a firewall that drops): the default budget, 5 s, not the
-    handshake timeout (10 s) times the attempts."""
+    """Nothing answers at all (a firewall that drops): the budget, not the handshake
+    timeout (10 s) times the attempts (the default budget, 15 s, is not waited out here)."""
     url = f"quic://127.0.0.1:{silent}"
     started = time.monotonic()
     with pytest.raises(ServiceUnreachable) as failed:
-        Client(url).list()
+        Client(url, connect_timeout=3.0).list()
     took = time.monotonic() - started
     print(f"a silent service: failed after {took:.2f} s")
-    assert 4.5 <= took <= 6.0  # the budget, and not much more (cancelling takes a moment)
+    assert 2.9 <= took <= 5.0  # the budget, and not much more (cancelling takes a moment)
     message = str(failed.value)
-    assert url in message and "no answer within 5 s" in message
+    assert url in message and "no answer within 3 s" in message
     assert "aqueduct serve" in message and "firewall" in message
 
 

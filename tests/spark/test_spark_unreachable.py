@@ -1,6 +1,5 @@
-"""A Spark read of a service that is not there fails within 5 s (the default
-``connectTimeout``) beyond what Spark itself takes to fail a read, with the client's message:
-the URL and how to start a service."""
+"""A Spark read of a closed port fails within 5 s beyond what Spark itself takes to fail a
+read, with the client's message: the URL and how to start a service."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,6 +69,16 @@ class ServiceProcess:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on, over UDP or TCP (bound, then released): what a
+    wrong port in a URL looks like."""
+    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        tcp.bind(("127.0.0.1", 0))
+        port = int(tcp.getsockname()[1])
+        udp.bind(("127.0.0.1", port))
+    return port
 
 
 def start_service(

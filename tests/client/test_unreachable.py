@@ -16,16 +16,7 @@ from aqueduct_core.errors import ConnectionLost
 from aqueduct_core.transport import ClientTLS
 from aqueduct_spark.cli import main as cli
 from aqueduct_spark.client import CannotConnect, Client, ServiceUnreachable
-from aqueduct_spark.testing import ServiceProcess, start_service
-
-
-def closed_port() -> int:
-    """A port nothing listens on, over UDP or TCP (bound, then released)."""
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        tcp.bind(("127.0.0.1", 0))
-        port = tcp.getsockname()[1]
-        udp.bind(("127.0.0.1", port))
-    return port
+from aqueduct_spark.testing import ServiceProcess, closed_port, start_service
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from aqueduct_core import Connection, TransportConfig, connect, serve
 from aqueduct_core.transport import Refused
 from aqueduct_core.transport.mux_wire import TcpSettings
 from aqueduct_core.transport.udp import connect_to, create_endpoint
+from aqueduct_spark.testing import closed_port
 
 pytestmark = pytest.mark.quic
 
@@ -34,14 +35,6 @@ def run(loop_name: str, coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 
         return uvloop.run(asyncio.wait_for(coro(), 30))
     return asyncio.run(asyncio.wait_for(coro(), 30))
-
-
-def closed_port() -> int:
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        tcp.bind(("127.0.0.1", 0))
-        port = tcp.getsockname()[1]
-        udp.bind(("127.0.0.1", port))
-    return port
 
 
 @pytest.mark.parametrize("transport", ["quic", "tcp", "auto"])

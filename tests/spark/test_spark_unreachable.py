@@ -3,22 +3,15 @@ read, with the client's message: the URL and how to start a service."""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aqueduct_spark.testing import closed_port
+
 pytestmark = pytest.mark.spark
-
-
-def closed_port() -> int:
-    with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        tcp.bind(("127.0.0.1", 0))
-        port = tcp.getsockname()[1]
-        udp.bind(("127.0.0.1", port))
-    return port
 
 
 def failing_read(spark: Any, **options: str) -> tuple[float, str]:

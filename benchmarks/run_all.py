@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bench_versions, report_hand
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
 RESULTS = OUT / "results"
@@ -30,6 +32,7 @@ SCRIPTS = {
     "spark": "benchmarks.bench_spark",
     "streaming": "benchmarks.bench_streaming_latency",
     "commits": "benchmarks.bench_commits",
+    "versions": "benchmarks.bench_versions",
 }
 
 
@@ -461,6 +464,8 @@ def summary(collected: dict[str, dict[str, Any] | None]) -> list[str]:
                 verdict(speedup >= 3 and commits["count_check"] == "ok"),
             )
         )
+    if collected.get("versions"):
+        rows += bench_versions.summary_rows(collected["versions"] or {})
     if not rows:
         return []
     lines = [
@@ -497,6 +502,7 @@ SECTIONS = {
     "spark": section_spark,
     "streaming": section_streaming,
     "commits": section_commits,
+    "versions": bench_versions.section,
 }
 
 
@@ -557,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"Results could not be summarized ({exc}); see the JSON.",
                 "",
             ]
-    REPORT.write_text("\n".join(lines))
+    old = REPORT.read_text() if REPORT.exists() else ""
+    REPORT.write_text("\n".join(report_hand.keep(old, lines)))  # hand-written parts stay
     print(f"wrote {REPORT.relative_to(ROOT)}")
     return 0 if all(collected.get(n) is not None for n in names) else 1
 

@@ -36,7 +36,6 @@ from typing import Any
 from benchmarks.common import machine, sample_table, write_json
 from benchmarks.versions_data import append_versions, build_versions
 
-
 SETTLE_S = 300
 """At most this long for maintenance to compact the bulk-built versions' files."""
 

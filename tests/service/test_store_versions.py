@@ -59,9 +59,9 @@ def test_small_files_are_packed_by_bytes(many: tuple[Store, pa.Table]) -> None:
         cost = sum(plan.splits[i].bytes + (4 << 10) for i in task)
         assert cost <= 64 << 10 or len(task) == 1
     assert len(plan.tasks) <= -(-300 // per_task)
-    # the default open cost (4 MiB) against the default target (128 MiB): 31 files a task
+    # the default open cost (1 MiB) against the default target (128 MiB): 127 files a task
     default = store.plan("many")
-    assert [len(t) for t in default.tasks or ()] == [31] * 9 + [21]
+    assert [len(t) for t in default.tasks or ()] == [127, 127, 46]
     # an open cost as large as the target: one file a task, as before tasks existed
     assert len(store.plan("many", split_bytes=1 << 20, open_cost=1 << 20).tasks or ()) == 300
 

@@ -58,8 +58,8 @@ def test_a_backlog_of_versions_is_listed_by_ranges(service: ServiceProcess) -> N
     assert counting.calls["changes"] == 0
     files = [s for p in parts for s in p.splits]
     assert len(files) == 600
-    # packed like a batch plan: 31 small files a task (128 MiB target, 4 MiB per file)
-    assert [len(p.splits) for p in parts] == [31] * 19 + [11]
+    # packed like a batch plan: 127 small files a task (128 MiB target, 1 MiB per file)
+    assert [len(p.splits) for p in parts] == [127] * 4 + [92]
     got = [i for p in parts for b in reader.read(p) for i in b.column("id").to_pylist()]
     assert sorted(got) == list(range(600 * rows))
     assert len(got) == len(set(got))

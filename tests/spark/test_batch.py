@@ -344,7 +344,7 @@ def test_many_small_splits_and_a_few_large_ones(spark: Any, service: ServiceProc
     write(few, service, "few_splits", mode="overwrite")
     got_many = read(spark, service, "many_splits", splitSize="1MB")
     got_few = read(spark, service, "few_splits", splitSize="1GB")
-    packed = read(spark, service, "many_splits")  # 128MB, each file counted 4MB more
+    packed = read(spark, service, "many_splits")  # 128MB, each file counted 1MB more
     assert got_many.rdd.getNumPartitions() == 24  # each file over 1MB with its open cost
     assert got_few.rdd.getNumPartitions() == 1  # both files packed into one partition
     assert packed.rdd.getNumPartitions() == 1

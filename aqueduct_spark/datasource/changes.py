@@ -23,6 +23,7 @@ from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
 from aqueduct_spark.datasource.options import Options
+from aqueduct_spark.datasource.reader import SplitPartition
 from aqueduct_spark.datasource.schemas import arrow_to_spark, spark_to_arrow
 from aqueduct_spark.datasource.stream_offsets import DataChanged
 
@@ -66,19 +67,14 @@ def admit(entry: dict[str, Any], opts: Options) -> list[dict[str, Any]]:
     )
 
 
-class FilesPartition(InputPartition):
+class FilesPartition(SplitPartition):
     """Whole files (of a micro-batch or a version range; change-feed splits or added files)
-    for one task: everything the executor needs to read them."""
+    for one task: a batch read's partition without pushed filters."""
 
     def __init__(
         self, opts: Options, splits: list[dict[str, Any]], schema: bytes, columns: tuple[str, ...]
     ) -> None:
-        super().__init__([s.get("path") for s in splits])
-        self.opts = opts
-        self.splits = splits
-        self.schema = schema
-        """Arrow schema (IPC) the batches must have for Spark."""
-        self.columns = columns
+        super().__init__(opts, splits, schema, columns, None)
 
 
 def pack(opts: Options, splits: list[dict[str, Any]], schema: pa.Schema) -> list[FilesPartition]:

@@ -221,6 +221,9 @@ def aqueduct_variant(backend: str) -> Variant:
     ) -> tuple[Any, dict[str, Any]]:
         cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
         cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
+        # a veth pair between two private namespaces: no one else can reach it, and Flight
+        # runs without a token too (serve refuses a non-loopback host without one otherwise)
+        cmd += ["--allow-anonymous"]
         cmd += ["--cert", certs["cert"], "--key", certs["key"]]
         if args.packet_size:
             cmd += ["--packet-size", str(args.packet_size)]

@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
             cmd += ["--host", link.server_ip, "--port", "0", "--backend", "qh3"]
+            # a veth pair between two private namespaces: no one else can reach it, and Flight
+            # runs without a token too (serve refuses a non-loopback host without one otherwise)
+            cmd += ["--allow-anonymous"]
             cmd += ["--cert", str(tls.cert_file), "--key", str(tls.key_file)]
             svc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")
             procs.append(svc)

@@ -91,11 +91,15 @@ def start_service(
     args: Sequence[str] = (),
     log: Path | None = None,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60,
 ) -> ServiceProcess:
     """Run ``aqueduct serve`` on loopback and wait for its ready line. ``root`` is a
     directory or a URI (``SeaweedS3.root``, with ``args=store.serve_args()``); ``args`` are
     more ``serve`` flags (``["--max-scans", "2"]``); ``log`` is a file for its log (stderr),
-    which is otherwise this process's stderr; ``env`` more environment variables."""
+    which is otherwise this process's stderr; ``env`` more environment variables; ``cwd``
+    its working directory (default: this process's). A service not ready within ``timeout``
+    seconds is killed and reaped, and RuntimeError raised."""
     cmd = [sys.executable, "-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
     cmd += ["--port", str(port), "--workers", str(workers), "--backend", backend, *args]
     if token:
@@ -107,20 +111,54 @@ def start_service(
             stderr=stderr if log else None,
             text=True,
             env={**os.environ, "AQUEDUCT_TOKEN": "", **(env or {})},
+            cwd=cwd,
         )
+    try:
+        info = _ready_line(proc, timeout)
+    except BaseException:
+        # Not ready (exited, silent past the timeout, or the caller interrupted): the process
+        # must not outlive the call, nor its pipe stay open (a ResourceWarning at collection).
+        _end(proc)
+        raise
+    port = int(info["url"].rsplit(":", 1)[1])
+    return ServiceProcess(proc, root, info["url"], info["fingerprint"], token, port)
+
+
+def _ready_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """The JSON of ``serve``'s ``AQUEDUCT_READY`` line, read within ``timeout`` seconds.
+
+    The pipe is read with a deadline (``select``), not ``readline``: a process that hangs
+    before printing anything would block ``readline`` for ever, whatever the deadline says."""
+    import selectors
+
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            proc.stdout.close()
-            raise RuntimeError(f"aqueduct serve exited with {proc.wait()}")
-        if line.startswith("AQUEDUCT_READY "):
-            info = json.loads(line.split(" ", 1)[1])
-            port = int(info["url"].rsplit(":", 1)[1])
-            return ServiceProcess(proc, root, info["url"], info["fingerprint"], token, port)
-    proc.kill()
-    raise RuntimeError("aqueduct serve did not become ready within 60 s")
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buffered = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                if line.startswith(b"AQUEDUCT_READY "):
+                    info: dict[str, Any] = json.loads(line.split(b" ", 1)[1])
+                    return info
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise RuntimeError(f"aqueduct serve did not become ready within {timeout:g} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"aqueduct serve exited with {proc.wait()}")
+            buffered += chunk
+
+
+def _end(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc`` if it still runs, reap it, and close its stdout pipe."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 # -- an S3-compatible object store for tests: SeaweedFS ---------------------------------------
@@ -151,7 +189,7 @@ class SeaweedS3:
     def serve_args(self) -> list[str]:
         """``aqueduct serve`` flags for this store's options, and a development certificate
         in the store's directory (one for every service over it, as behind one endpoint list;
-        without one, ``serve`` of an ``s3://`` root makes one in the working directory)."""
+        without one, ``serve`` makes one per root in the user's state directory)."""
         from aqueduct_core.transport.tls import make_dev_certificates
 
         tls = self.data_dir / "tls"

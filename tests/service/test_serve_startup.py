@@ -123,3 +123,30 @@ def test_settings_from_a_config_file_and_flags_over_them(tmp_path: Path) -> None
         assert (tmp_path / "ignored" / "here").is_dir()
     finally:
         svc.stop()
+
+
+@pytest.mark.parametrize("case", ["not ready in time", "exits"])
+def test_start_service_leaves_no_process_behind_when_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """The test helper's own failure: a service that is not ready in time is killed and
+    reaped, one that exits is reaped, and the pipe to either is closed."""
+    started: list[subprocess.Popen[str]] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    if case == "exits":
+        blocker = tmp_path / "a-file"
+        blocker.write_text("not a directory")
+        with pytest.raises(RuntimeError, match="exited with 2"):
+            start_service(blocker / "root", log=tmp_path / "serve.log")
+    else:
+        with pytest.raises(RuntimeError, match=r"not become ready within 0\.01 s"):
+            start_service(tmp_path / "root", timeout=0.01)
+    (proc,) = started
+    assert proc.returncode is not None  # reaped: no zombie, no ResourceWarning later
+    assert proc.stdout is not None and proc.stdout.closed

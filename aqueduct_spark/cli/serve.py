@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import importlib.util
 import json
 import multiprocessing
+import os
+import re
 import shlex
 import signal
 import socket
@@ -81,6 +84,21 @@ def _check_certificate(cert: str, key: str) -> None:
         ) from None
 
 
+def dev_tls_dir(root: str) -> Path:
+    """Where ``serve`` keeps the development certificate of ``root`` (without ``--cert``):
+    ``<root>/.aqueduct-tls`` for a local root; for an object-store root (``s3://...``),
+    which has no local directory, a directory of its own under the user's state directory,
+    ``$XDG_STATE_HOME/aqueduct/tls/`` (``~/.local/state/aqueduct/tls/``), named after the
+    root. Either way one root keeps one certificate, so its fingerprint survives restarts;
+    never the working directory, which differs between starts and may be shared."""
+    if "://" not in root or root.startswith("file://"):
+        return Path(root.removeprefix("file://")) / ".aqueduct-tls"
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    readable = re.sub(r"[^0-9A-Za-z._-]+", "_", root).strip("_")[:80]
+    digest = hashlib.sha256(root.encode()).hexdigest()[:12]  # roots differing in case or /
+    return Path(state) / "aqueduct" / "tls" / f"{readable}-{digest}"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     _need_service("serve", ("deltalake", "prometheus_client"))
     if (args.cert is None) != (args.key is None):
@@ -90,13 +108,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     root = args.root
     options = dict(kv.split("=", 1) for kv in args.storage_option)
     startup.check_root(root, options or None)  # one clear line for a root it cannot use
-    local = "://" not in root or root.startswith("file://")
     if args.cert:
         _check_certificate(args.cert, args.key)
         tls = ServerTLS(args.cert, args.key)
         ca = None
     else:
-        tls_dir = Path(root.removeprefix("file://") if local else ".") / ".aqueduct-tls"
+        tls_dir = dev_tls_dir(root)
         if not (tls_dir / "server.pem").exists():
             make_dev_certificates(tls_dir)
         tls = ServerTLS(str(tls_dir / "server.pem"), str(tls_dir / "server.key"))

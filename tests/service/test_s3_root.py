@@ -15,6 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from aqueduct_core.transport import ClientTLS
+from aqueduct_spark.cli.serve import dev_tls_dir
 from aqueduct_spark.testing import (
     READER_KEY,
     SeaweedS3,
@@ -53,6 +55,41 @@ def test_a_service_over_an_s3_root_writes_and_reads(s3_service: ServiceProcess) 
     assert sorted(c.read("events").column("id").to_pylist()) == list(range(150))
     assert c.describe("events").version == 2
     assert [d.name for d in c.list()] == ["events"]
+
+
+def test_an_s3_roots_development_certificate_goes_to_the_users_state_directory(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --cert, an s3:// root has no local directory for its certificate: serve
+    keeps it under $XDG_STATE_HOME/aqueduct/tls/, never in the working directory, and a
+    client trusts the service with the CA found there."""
+    root = f"s3://{seaweed.bucket}/{uuid.uuid4().hex[:8]}"
+    state, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    env = {"XDG_STATE_HOME": str(state)}
+    svc = start_service(root, args=option_args(seaweed.storage_options), env=env, cwd=work)
+    try:
+        assert list(work.iterdir()) == []
+        monkeypatch.setenv("XDG_STATE_HOME", str(state))
+        ca = dev_tls_dir(root) / "ca.pem"
+        assert ca.is_file() and ca.parent.parent == state / "aqueduct" / "tls"
+        c = svc.client(tls=ClientTLS(cafile=str(ca)))
+        c.create("events", pa.schema([("id", pa.int64())]))
+        assert [d.name for d in c.list()] == ["events"]
+    finally:
+        svc.stop()
+
+
+def test_each_root_has_its_own_development_certificate_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert dev_tls_dir("s3://b/x").parent == Path.home() / ".local/state/aqueduct/tls"
+    assert dev_tls_dir(str(tmp_path)) == tmp_path / ".aqueduct-tls"
+    assert dev_tls_dir(f"file://{tmp_path}") == tmp_path / ".aqueduct-tls"
+    one, same, other = (dev_tls_dir(r) for r in ("s3://b/one", "s3://b/one", "s3://b/One"))
+    assert one == same and one != other  # stable across starts, distinct between roots
+    assert one.name.startswith("s3_b_one-")
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.reader import SplitPartition
 from aqueduct_spark.datasource.schemas import arrow_to_spark, spark_to_arrow
 from aqueduct_spark.datasource.stream_offsets import DataChanged
+from aqueduct_spark.datasource.task_errors import surfaced
 
 __all__ = [
     "AqueductRangeReader",
@@ -104,6 +105,7 @@ class AqueductRangeReader(DataSourceReader):
         self.opts = opts
         self.schema = spark_to_arrow(schema)
 
+    @surfaced
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
         client = opts.client()
@@ -123,6 +125,7 @@ class AqueductRangeReader(DataSourceReader):
         splits = [s for entry in found["versions"] for s in admit(entry, opts)]
         return list(pack(opts, splits, self.schema))
 
+    @surfaced
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, FilesPartition):
             return  # Spark reads an empty plan as one partition of None

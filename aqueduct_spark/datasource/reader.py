@@ -37,6 +37,7 @@ from pyspark.sql.types import StructType
 from aqueduct_spark import protocol as P
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import check_user_schema, spark_to_arrow
+from aqueduct_spark.datasource.task_errors import surfaced
 
 
 class SplitPartition(InputPartition):
@@ -68,6 +69,7 @@ class AqueductReader(DataSourceReader):
         self.spark_schema = schema
         self.filters: list[Any] = []
 
+    @surfaced
     def partitions(self) -> list[InputPartition]:
         opts = self.opts
         target = spark_to_arrow(self.spark_schema)
@@ -88,6 +90,7 @@ class AqueductReader(DataSourceReader):
             for splits in plan.task_splits()
         ]
 
+    @surfaced
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SplitPartition):
             return  # Spark reads an empty plan as one partition of None

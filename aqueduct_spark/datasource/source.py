@@ -16,6 +16,7 @@ from aqueduct_spark.datasource.reader import AqueductPushdownReader, AqueductRea
 from aqueduct_spark.datasource.schemas import arrow_to_spark
 from aqueduct_spark.datasource.stream_reader import AqueductStreamReader
 from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
+from aqueduct_spark.datasource.task_errors import surfaced
 from aqueduct_spark.datasource.writer import AqueductWriter
 
 
@@ -32,6 +33,7 @@ class AqueductDataSource(DataSource):
     def name(cls) -> str:
         return "aqueduct"
 
+    @surfaced
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.opts = parse(dict(options))
@@ -42,6 +44,7 @@ class AqueductDataSource(DataSource):
         self.__dict__.update(state)
         self.unpickled = True
 
+    @surfaced
     def schema(self) -> StructType:
         opts = self.opts
         info = opts.client().describe(

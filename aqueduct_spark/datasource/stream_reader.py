@@ -61,6 +61,7 @@ from aqueduct_spark.datasource.notifications import Subscription
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import spark_to_arrow
 from aqueduct_spark.datasource.stream_offsets import SourceTableChanged, as_time, offset
+from aqueduct_spark.datasource.task_errors import surfaced
 
 log = logging.getLogger("aqueduct.stream")
 
@@ -122,6 +123,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ------------------------------------------------------------------------
 
+    @surfaced
     def initialOffset(self) -> dict[str, Any]:
         """Where a query without a checkpoint starts (not called on restart)."""
         opts = self.opts
@@ -146,6 +148,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         versions = [int(v["version"]) for v in history["versions"]]
         return offset(min(versions) if versions else int(history["latest"]) + 1, 0, table_id)
 
+    @surfaced
     def prepareForTriggerAvailableNow(self) -> None:
         """AvailableNow: fix the target (everything committed now) before anything else."""
         self._target = self._refresh(force=True)
@@ -157,6 +160,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxBytes(self.opts.max_bytes_per_trigger)
         return ReadAllAvailable()
 
+    @surfaced
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         given = start
         table_id = self._check_table()
@@ -305,6 +309,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             rows, size = rows + max(r, 0), size + max(b, 0)
         return {"versionsBehind": versions, "rowsBehind": rows, "bytesBehind": size}
 
+    @surfaced
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         """The files between two positions, packed into tasks of about splitSize bytes."""
         table_id = self._check_table()
@@ -356,6 +361,7 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             v, f = v + 1, 0
         return list(pack(self.opts, chosen, self.schema))
 
+    @surfaced
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """On an executor: stream the partition's files, cast to Spark's schema."""
         if not isinstance(partition, FilesPartition):

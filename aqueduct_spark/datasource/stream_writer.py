@@ -11,7 +11,9 @@ the local properties Spark's stream execution sets (``sql.streaming.queryId``,
 Spark builds the writer for every micro-batch on the planner (one transaction per batch:
 it checks the schema before any task runs) and builds it again, fresh, for the commit, so
 the commit uses only what the messages carry. Append mode appends (an empty batch commits
-nothing); complete mode overwrites the dataset with each batch's result.
+nothing); complete mode overwrites the dataset with each batch's result. A task whose error no
+retry can heal hands it to the commit, which aborts the batch and raises it: the query stops
+with that error first (see :mod:`.task_errors`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pyspark.sql.types import StructType
 
 from aqueduct_spark.datasource.options import OptionError, Options
 from aqueduct_spark.datasource.schemas import writable_arrow
+from aqueduct_spark.datasource.task_errors import deferred, first_error, surfaced
 
 log = logging.getLogger("aqueduct.stream")
 
@@ -50,6 +53,8 @@ class StreamStaged(WriterCommitMessage):
     query_id: str | None
     batch_id: int | None
     attempt: int
+    error: BaseException | None = None
+    """An error the task met that no retry heals: the commit raises it."""
 
 
 class AqueductStreamWriter(DataSourceStreamArrowWriter):
@@ -57,6 +62,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
     the planner's writer (pickled to the tasks) must; the commit's writer needs none of its
     own, the messages carry the tasks' one (see ``AqueductDataSource.streamWriter``)."""
 
+    @surfaced
     def __init__(
         self, opts: Options, schema: StructType, overwrite: bool, *, begin: bool = True
     ) -> None:
@@ -82,6 +88,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
                 merge_schema=opts.merge_schema and not whole,
             )
 
+    @surfaced
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamStaged:
         from pyspark import TaskContext
 
@@ -95,13 +102,24 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
             batch_id = int(raw) if raw else None
             attempt = ctx.attemptNumber()
             task = f"b{batch_id}-p{ctx.partitionId()}-a{attempt}-{task}"
-        staged = self.opts.client().write_task(self.txn, iterator, task=task)
+        try:
+            staged = self.opts.client().write_task(self.txn, iterator, task=task)
+        except Exception as exc:
+            if not deferred(exc):
+                raise  # may heal: Spark tries the task again
+            # The service removed what this task staged; the rest of its rows are not read.
+            return StreamStaged({"staged": []}, self.txn, query_id, batch_id, attempt, exc)
         return StreamStaged(staged, self.txn, query_id, batch_id, attempt)
 
+    @surfaced
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, StreamStaged)]
         if not done:
             return
+        error = first_error(m.error for m in done)
+        if error is not None:
+            self.abort(messages, batchId)
+            raise error
         txn = done[0].txn
         query_ids = {m.query_id for m in done}
         if len(query_ids) != 1 or None in query_ids:
@@ -141,6 +159,7 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
             for name in sorted({m.txn.txn for m in done}):
                 client.abort(replace(txn, txn=name), [])
 
+    @surfaced
     def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, StreamStaged)]
         if not done:

@@ -1,6 +1,8 @@
 """Batch writes: each task stages its batches under one transaction begun on the driver; the
 driver's commit publishes all of them in one Delta commit. Only the successful attempt of each
-task is committed, so a retried or speculative task never duplicates rows."""
+task is committed, so a retried or speculative task never duplicates rows. A task whose error
+no retry can heal hands it to the commit, which aborts the write and raises it (see
+:mod:`.task_errors`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pyspark.sql.types import StructType
 
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import writable_arrow
+from aqueduct_spark.datasource.task_errors import deferred, first_error, surfaced
 
 
 @dataclass
@@ -24,11 +27,14 @@ class StagedMessage(WriterCommitMessage):
     staged: dict[str, Any]
     partition: int
     attempt: int
+    error: BaseException | None = None
+    """An error the task met that no retry heals: the commit raises it."""
 
 
 class AqueductWriter(DataSourceArrowWriter):
     """Stages each task's batches under one transaction; commit publishes them atomically."""
 
+    @surfaced
     def __init__(self, opts: Options, schema: StructType, overwrite: bool) -> None:
         self.opts = opts
         self.mode = "overwrite" if overwrite else "append"
@@ -44,6 +50,7 @@ class AqueductWriter(DataSourceArrowWriter):
             replace_where=opts.replace_where,
         )
 
+    @surfaced
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
         from pyspark import TaskContext
 
@@ -51,10 +58,21 @@ class AqueductWriter(DataSourceArrowWriter):
         partition = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
         task = f"p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
-        staged = self.opts.client().write_task(self.txn, iterator, task=task)
+        try:
+            staged = self.opts.client().write_task(self.txn, iterator, task=task)
+        except Exception as exc:
+            if not deferred(exc):
+                raise  # may heal: Spark tries the task again
+            # The service removed what this task staged; the rest of its rows are not read.
+            return StagedMessage({"staged": []}, partition, attempt, exc)
         return StagedMessage(staged, partition, attempt)
 
+    @surfaced
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        error = first_error(m.error for m in messages if isinstance(m, StagedMessage))
+        if error is not None:
+            self.abort(messages)
+            raise error
         staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
         client = self.opts.client()
         client.commit(
@@ -67,6 +85,7 @@ class AqueductWriter(DataSourceArrowWriter):
         # Failed attempts of retried tasks staged files no commit references: remove them.
         client.abort(self.txn, [])
 
+    @surfaced
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
         self.opts.client().abort(self.txn, staged)

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from aqueduct_core.engine import EngineConfig
 from aqueduct_spark.cli import maintenance
+from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
 
@@ -182,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         metavar="N",
         help="scans one connection may have open; more are refused, to be retried "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--max-batch-bytes",
+        type=_positive,
+        default=MAX_BATCH_BYTES,
+        metavar="BYTES",
+        help="largest data message (one encoded Arrow batch) a write may send; a row above "
+        "it cannot be written. Clients have their own limit (Spark option maxBatchBytes) "
         "(default %(default)s)",
     )
     engine = EngineConfig()

@@ -137,6 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "transport": args.transport,
         "max_requests": args.max_requests,
         "max_scans": args.max_scans,
+        "max_batch_bytes": args.max_batch_bytes,
         "engine": {
             "max_message_gap": args.max_message_gap,
             "max_early_bytes": args.max_early_bytes,
@@ -315,6 +316,7 @@ async def _serve_forever(
         storage_options=spec["storage_options"],
         max_requests=spec["max_requests"],
         max_scans=spec["max_scans"],
+        max_batch_bytes=spec["max_batch_bytes"],
         maintenance=spec["maintenance"],
     )
     transport = TransportConfig(

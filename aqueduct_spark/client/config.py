@@ -7,11 +7,12 @@ CLI and the docs' table (checked by ``tests/test_docs.py``) read them from here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_core.transport.config import Transport
+from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 CHUNK_BYTES = 8 * 1024 * 1024
 """Batches bigger than this are sent as several slices (Arrow slices are zero-copy)."""
@@ -41,6 +42,10 @@ class ClientConfig:
     compression: str = "none"
     """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
     chunk_bytes: int = CHUNK_BYTES
+    max_batch_bytes: int = MAX_BATCH_BYTES
+    """Largest data message (one encoded Arrow batch) this client sends or accepts. Writes
+    split batches below it; a single row above it cannot be written. The service has its
+    own limit (``aqueduct serve --max-batch-bytes``): a row must fit under both."""
 
     def __post_init__(self) -> None:
         given: object = self.transport
@@ -48,6 +53,12 @@ class ClientConfig:
             # transport="tcp" (or quic, auto): the choice alone, other settings default.
             choice = cast(Transport, given)
             object.__setattr__(self, "transport", TransportConfig(transport=choice))
+        engine = self.transport.engine
+        if engine.limits.max_payload_bytes < self.max_batch_bytes:
+            # The connection must accept the batches this client accepts (scans of them).
+            limits = replace(engine.limits, max_payload_bytes=self.max_batch_bytes)
+            engine = replace(engine, limits=limits)
+            object.__setattr__(self, "transport", replace(self.transport, engine=engine))
 
     @classmethod
     def from_environment(cls, url: str | None = None, **fields: Any) -> ClientConfig:

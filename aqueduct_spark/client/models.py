@@ -51,6 +51,8 @@ class Transaction:
     """Add the data's new columns to the dataset (begin's ``merge_schema``)."""
     replace_where: str | None = None
     """Overwrite only the rows matching this SQL condition (begin's ``replace_where``)."""
+    max_batch_bytes: int | None = None
+    """The service's largest data message, as begin answered (None: it did not say)."""
 
 
 def to_wire_filters(filters: Any) -> list[Any] | None:

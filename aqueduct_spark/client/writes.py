@@ -54,6 +54,7 @@ class Writes(Session):
             r["version"],
             merge_schema,
             replace_where,
+            r.get("max_batch_bytes"),
         )
 
     async def write_task(
@@ -82,11 +83,12 @@ class Writes(Session):
             }
         )
         options = P.ipc_options(self.config.compression)
+        limit = BatchLimit(self.config.max_batch_bytes, txn.max_batch_bytes)
         seq = 0
         try:
             async for batch in _aiter(batches):
                 batch = _conform(batch, target)
-                for piece, payload in _payloads(batch, self.config.chunk_bytes, options):
+                for piece, payload in _payloads(batch, self.config.chunk_bytes, options, limit):
                     await tx.send(payload, headers=[P.batch_header(piece.num_rows, seq)])
                     seq += 1
         except ChannelError:
@@ -225,32 +227,55 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         ) from exc
 
 
+class BatchLimit:
+    """The largest data message a write may send: this client's and the service's (as its
+    begin answered), whichever is smaller; and how to say which one a row is over."""
+
+    def __init__(self, client: int, service: int | None) -> None:
+        self.client = client
+        self.service = service if service is not None else P.MAX_BATCH_BYTES
+        self.bytes = min(self.client, self.service)
+
+    def too_large(self, size: int) -> P.InvalidRequest:
+        mib = 2**20
+        if size > self.client:
+            over = (
+                f"over this client's limit of {self.client / mib:g} MiB for one data message "
+                "(Spark option maxBatchBytes, ClientConfig.max_batch_bytes)"
+            )
+        else:
+            over = (
+                f"over the service's limit of {self.service / mib:g} MiB for one data message "
+                "(aqueduct serve --max-batch-bytes)"
+            )
+        return P.InvalidRequest(
+            f"a row of this write is {size / mib:.1f} MiB once encoded, {over}. A row is "
+            "never split: raise the limit on both sides (the option maxBatchBytes and the "
+            "service's --max-batch-bytes), or keep values this large outside the dataset "
+            "(in object storage, say) and store where they are"
+        )
+
+
 def _payloads(
-    batch: pa.RecordBatch, chunk_bytes: int, options: pa.ipc.IpcWriteOptions
+    batch: pa.RecordBatch, chunk_bytes: int, options: pa.ipc.IpcWriteOptions, limit: BatchLimit
 ) -> Iterator[tuple[pa.RecordBatch, Any]]:
     """``batch`` in slices of about ``chunk_bytes``, each with its data message; a slice
-    whose message is over the service's limit is halved. A single row over it cannot be
-    sent: InvalidRequest, before anything of it is (the service would refuse it and close
-    the channel, which looked like a lost connection)."""
-    todo = list(_slices(batch, chunk_bytes))
+    whose message is over the limit is halved. A single row over it cannot be sent:
+    InvalidRequest, before anything of it is (the service would refuse it and close the
+    channel, which looked like a lost connection)."""
+    todo = list(_slices(batch, min(chunk_bytes, limit.bytes)))
     todo.reverse()
     while todo:
         piece = todo.pop()
         payload = P.batch_to_payload(piece, options)
         size = len(payload)
-        if size <= P.MAX_BATCH_BYTES:
+        if size <= limit.bytes:
             yield piece, payload
         elif piece.num_rows > 1:
             half = piece.num_rows // 2
             todo += [piece.slice(half), piece.slice(0, half)]
         else:
-            raise P.InvalidRequest(
-                f"a row of this write is {size / 2**20:.1f} MiB once encoded, over the "
-                f"{P.MAX_BATCH_BYTES // 2**20} MiB one data message may carry (the dataset "
-                "protocol's limit; no option raises it). A row is never split, so it cannot be "
-                "written: keep values this large outside the dataset (in object storage, say) "
-                "and store where they are"
-            )
+            raise limit.too_large(size)
 
 
 def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:

@@ -1,10 +1,12 @@
 """The values of the ``aqueduct`` data source's options: how each kind (duration, size,
-boolean, whole number, time) is read from the text Spark passes, and shown as a default;
-:class:`OptionError` for a value that cannot be read. :mod:`.options` holds the options."""
+boolean, whole number, time, a file on the driver) is read from the text Spark passes, and
+shown as a default; :class:`OptionError` for a value that cannot be read. :mod:`.options`
+holds the options."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 
 from aqueduct_core.errors import AqueductError
@@ -78,3 +80,36 @@ def parse_timestamp(name: str, value: str) -> dt.datetime:
             f"option {name!r} must be an ISO 8601 time like 2026-01-31T12:00:00Z, got {value!r}"
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def parse_file(name: str, value: str) -> str:
+    """A file the driver reads: an absolute path (Spark's Python workers do not run in the
+    application's directory) to a file that exists, checked before anything connects."""
+    path = value.strip()
+    if not os.path.isabs(path):
+        raise OptionError(
+            f"option {name!r} must be an absolute path (Spark's Python workers run in another "
+            f"directory), got {value!r}"
+        )
+    if not os.path.exists(path):
+        raise OptionError(f"option {name!r}: {path!r} does not exist (on the driver host)")
+    if not os.path.isfile(path):
+        raise OptionError(f"option {name!r}: {path!r} is not a file")
+    return path
+
+
+def parse_ca(name: str, value: str) -> tuple[str, str]:
+    """The path and PEM text of a CA file, read on the driver before anything connects:
+    the text travels to the executors with the options, so they need not have the file."""
+    path = parse_file(name, value)
+    try:
+        with open(path, encoding="ascii") as f:
+            pem = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"option {name!r}: cannot read {path!r} ({exc})") from None
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise OptionError(
+            f"option {name!r}: {path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+            "; give the CA file the service printed, e.g. <root>/.aqueduct-tls/ca.pem"
+        )
+    return path, pem

@@ -32,6 +32,7 @@ from aqueduct_spark.datasource.option_values import (
 from aqueduct_spark.datasource.option_values import (
     duration_text,
     parse_bool,
+    parse_ca,
     parse_duration,
     parse_int,
     parse_size,
@@ -138,6 +139,14 @@ OPTIONS: tuple[Option, ...] = (
         "all",
         "A service silent this long is gone and the connection is reopened. A restarted "
         "service is noticed within about a second without it (it resets old connections).",
+    ),
+    Option(
+        "maxBatchBytes",
+        size_text(ClientConfig.max_batch_bytes),
+        "all",
+        "Largest data message (one encoded Arrow batch): bigger batches are split, and a "
+        "row above it cannot be written or read. The service has its own "
+        "(`aqueduct serve --max-batch-bytes`): raise both for larger cells.",
     ),
     Option(
         "flowWindow",
@@ -315,39 +324,6 @@ def _catalog_table_extras(raw: Mapping[str, str]) -> set[str]:
     return {k for k in keys if k.startswith("option.") or k not in user}
 
 
-def parse_file(name: str, value: str) -> str:
-    """A file the driver reads: an absolute path (Spark's Python workers do not run in the
-    application's directory) to a file that exists, checked before anything connects."""
-    path = value.strip()
-    if not os.path.isabs(path):
-        raise OptionError(
-            f"option {name!r} must be an absolute path (Spark's Python workers run in another "
-            f"directory), got {value!r}"
-        )
-    if not os.path.exists(path):
-        raise OptionError(f"option {name!r}: {path!r} does not exist (on the driver host)")
-    if not os.path.isfile(path):
-        raise OptionError(f"option {name!r}: {path!r} is not a file")
-    return path
-
-
-def parse_ca(name: str, value: str) -> tuple[str, str]:
-    """The path and PEM text of a CA file, read on the driver before anything connects:
-    the text travels to the executors with the options, so they need not have the file."""
-    path = parse_file(name, value)
-    try:
-        with open(path, encoding="ascii") as f:
-            pem = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OptionError(f"option {name!r}: cannot read {path!r} ({exc})") from None
-    if "-----BEGIN CERTIFICATE-----" not in pem:
-        raise OptionError(
-            f"option {name!r}: {path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
-            "; give the CA file the service printed, e.g. <root>/.aqueduct-tls/ca.pem"
-        )
-    return path, pem
-
-
 @dataclass(frozen=True)
 class Options:
     """Parsed options. Picklable, so Spark ships it to executors. Only :func:`parse` makes
@@ -370,6 +346,7 @@ class Options:
     request_timeout: float
     retries: int
     idle_timeout: float
+    max_batch_bytes: int
     flow_window: int
     version_as_of: int | None
     timestamp_as_of: dt.datetime | None
@@ -439,6 +416,7 @@ class Options:
             timeout=self.request_timeout,
             connect_timeout=self.connect_timeout,
             compression=self.compression,
+            max_batch_bytes=self.max_batch_bytes,
         )
 
 
@@ -560,6 +538,7 @@ def parse(raw: Mapping[str, str]) -> Options:
         request_timeout=parse_duration("requestTimeout", text("requestTimeout")),
         retries=parse_int("retries", text("retries")),
         idle_timeout=parse_duration("idleTimeout", text("idleTimeout")),
+        max_batch_bytes=parse_size("maxBatchBytes", text("maxBatchBytes")),
         flow_window=parse_size("flowWindow", text("flowWindow")),
         version_as_of=None if version is None else parse_int("versionAsOf", version),
         timestamp_as_of=None if timestamp is None else parse_timestamp("timestampAsOf", timestamp),

@@ -54,10 +54,12 @@ def timestamp(value: Any) -> dt.datetime | None:
 class Operations:
     """The one-reply requests of one service, by name (:attr:`by_op`)."""
 
-    def __init__(self, store: Store, split_bytes: int) -> None:
+    def __init__(self, store: Store, split_bytes: int, max_batch_bytes: int) -> None:
         self.store = store
         self.split_bytes = split_bytes
         """Target size of one scan split when the request does not say."""
+        self.max_batch_bytes = max_batch_bytes
+        """Largest data message a write may send: begin tells the client."""
         self.by_op: dict[str, Callable[[dict[str, Any]], Any]] = {
             "list": self.list_datasets,
             "describe": self.describe,
@@ -138,6 +140,7 @@ class Operations:
             "schema": P.schema_to_bytes(target),
             "version": version,
             "partition_by": list(self.partition_by(name, req)),
+            "max_batch_bytes": self.max_batch_bytes,
         }
 
     def partition_by(self, name: str, req: dict[str, Any]) -> tuple[str, ...]:

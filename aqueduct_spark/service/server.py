@@ -66,6 +66,8 @@ class ServiceConfig:
     split_bytes: int = 128 * 1024 * 1024
     """Target size of one scan split (one Spark task)."""
     max_batch_bytes: int = P.MAX_BATCH_BYTES
+    """Largest data message (one encoded Arrow batch) a write may send (``--max-batch-bytes``);
+    the connections accept messages this large."""
     poll_interval: float = 0.5
     """The longest a dataset with subscribers goes unchecked for commits made elsewhere
     (checked every 50 ms right after a change, less often the longer it stays quiet)."""
@@ -206,7 +208,7 @@ class DatasetService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.store = Store(config.root, config.storage_options)
-        self._ops = Operations(self.store, config.split_bytes).by_op
+        self._ops = Operations(self.store, config.split_bytes, config.max_batch_bytes).by_op
         self._subscribers: dict[str, set[_Subscriber]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._pool = FairPool(config.threads)
@@ -484,7 +486,8 @@ class DatasetService:
                 if len(delivery.value) > self.config.max_batch_bytes:
                     raise P.InvalidRequest(
                         f"a batch of {len(delivery.value)} bytes exceeds the service's limit of "
-                        f"{self.config.max_batch_bytes}; split it into smaller batches"
+                        f"{self.config.max_batch_bytes}; split it into smaller batches, or "
+                        "raise the limit (aqueduct serve --max-batch-bytes)"
                     )
                 batch = P.batch_from_payload(delivery.value, schema)
                 rows += batch.num_rows
@@ -547,7 +550,11 @@ async def start(
     take part in flow control (the service's memory bounds rest on it), whatever
     ``transport.engine`` says."""
     transport = transport or TransportConfig()
-    transport = replace(transport, engine=replace(transport.engine, require_flow_control=True))
+    engine = replace(transport.engine, require_flow_control=True)
+    if engine.limits.max_payload_bytes < config.max_batch_bytes:
+        limits = replace(engine.limits, max_payload_bytes=config.max_batch_bytes)
+        engine = replace(engine, limits=limits)
+    transport = replace(transport, engine=engine)
     service = DatasetService(config)
     server = await serve(
         service.handle,

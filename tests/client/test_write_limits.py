@@ -1,27 +1,67 @@
-"""A row too large for one data message fails at once, naming the limit, instead of being
-sent and refused by the service (which looked like a lost connection: issue 17 item 5)."""
+"""A row too large for one data message fails at once, naming the limit and what raises it,
+instead of being sent and refused by the service (which looked like a lost connection: issue
+17 item 5); with the limit raised on both sides, such a row goes through."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from aqueduct_spark import protocol as P
-from aqueduct_spark.testing import ServiceProcess
+from aqueduct_spark.testing import ServiceProcess, start_service
+
+SCHEMA = pa.schema([("id", pa.int64()), ("blob", pa.binary())])
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A service that accepts data messages of up to 128 MiB."""
+    root = tmp_path_factory.mktemp("roomy-root")
+    svc = start_service(root, args=["--max-batch-bytes", str(128 * MiB)])
+    yield svc
+    svc.stop()
 
 
 def test_a_row_over_the_message_limit_fails_once_naming_the_limit(
     service: ServiceProcess,
 ) -> None:
     c = service.client()
-    schema = pa.schema([("id", pa.int64()), ("blob", pa.binary())])
-    huge = pa.table({"id": [1, 2], "blob": [b"small", bytes(P.MAX_BATCH_BYTES)]}, schema=schema)
+    huge = pa.table({"id": [1, 2], "blob": [b"small", bytes(P.MAX_BATCH_BYTES)]}, schema=SCHEMA)
     started = time.monotonic()
-    with pytest.raises(P.InvalidRequest, match=r"over the 64 MiB one data message may carry"):
+    with pytest.raises(P.InvalidRequest, match=r"over this client's limit of 64 MiB") as e:
         c.write("huge_cell", huge)
     assert time.monotonic() - started < 10  # no retries, no connection lost and reopened
+    assert "maxBatchBytes" in str(e.value) and "--max-batch-bytes" in str(e.value)
     # Nothing was committed, and the connection is fine: the next write goes through.
-    c.write("huge_cell", pa.table({"id": [3], "blob": [b"ok"]}, schema=schema))
+    c.write("huge_cell", pa.table({"id": [3], "blob": [b"ok"]}, schema=SCHEMA))
     assert c.read("huge_cell").column("id").to_pylist() == [3]
+
+
+def test_a_row_over_the_services_limit_names_the_services_flag(service: ServiceProcess) -> None:
+    """The client's limit raised, the service's not: the write fails at once, before the row
+    is sent, naming the flag of the service (which told its limit when the write began)."""
+    c = service.client(max_batch_bytes=128 * MiB)
+    cell = pa.table({"id": [1], "blob": [bytes(70 * MiB)]}, schema=SCHEMA)
+    with pytest.raises(P.InvalidRequest, match=r"over the service's limit of 64 MiB") as e:
+        c.write("over_service", cell)
+    assert "aqueduct serve --max-batch-bytes" in str(e.value)
+
+
+@pytest.mark.slow  # 100 MiB each way: about 12 s
+def test_a_100_mib_cell_goes_through_with_the_limit_raised_on_both_sides(
+    roomy: ServiceProcess, tmp_path: Path
+) -> None:
+    blob = bytes(range(256)) * (100 * MiB // 256)
+    cell = pa.table({"id": [1], "blob": [blob]}, schema=SCHEMA)
+    with pytest.raises(P.InvalidRequest, match=r"this client's limit"):
+        roomy.client().write("big_cell", cell)  # the client's default still refuses it
+    c = roomy.client(max_batch_bytes=128 * MiB)
+    c.write("big_cell", cell)
+    back = c.read("big_cell")
+    assert back.column("id").to_pylist() == [1]
+    assert back.column("blob")[0].as_py() == blob

@@ -39,6 +39,11 @@ def _log_listing(fs: pafs.FileSystem) -> list[pafs.FileInfo]:
         return []
 
 
+def commit_path(version: int) -> str:
+    """The commit file of ``version``, relative to the table."""
+    return f"_delta_log/{version:020d}.json"
+
+
 def is_commit_file(name: str) -> bool:
     """Whether a file name in ``_delta_log`` is a commit (``<20 digits>.json``)."""
     return bool(_LOG_JSON_RE.match(name))
@@ -76,7 +81,7 @@ def version_at(fs: pafs.FileSystem, dataset: str, ts: dt.datetime) -> int:
 def read_log(fs: pafs.FileSystem, version: int) -> list[dict[str, Any]]:
     """The actions of one commit (none when its file is gone)."""
     try:
-        with fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
+        with fs.open_input_stream(commit_path(version)) as f:
             text = f.read().decode()
     except FileNotFoundError:
         return []

@@ -134,19 +134,18 @@ class Operations:
             merge_schema=bool(req.get("merge_schema", False)),
             replace_where=field(req, "replace_where", str, None),
         )
-        version = self.store.latest_version(name) if self.store.exists(name) else None
+        # version and partitioning from the one kept snapshot (check_schema just refreshed
+        # it: two file stats), not from listings of the log
+        snap = self.store.snapshot(name) if self.store.exists(name) else None
         return {
             "txn": uuid.uuid4().hex,
             "schema": P.schema_to_bytes(target),
-            "version": version,
-            "partition_by": list(self.partition_by(name, req)),
+            "version": None if snap is None else snap.version,
+            "partition_by": list(
+                tuple(field(req, "partition_by", list, [])) if snap is None else snap.partition_by
+            ),
             "max_batch_bytes": self.max_batch_bytes,
         }
-
-    def partition_by(self, name: str, req: dict[str, Any]) -> tuple[str, ...]:
-        if self.store.exists(name):
-            return self.store.snapshot(name).partition_by  # (describe would time the log)
-        return tuple(field(req, "partition_by", list, []))
 
     def commit(self, req: dict[str, Any]) -> Any:
         staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]

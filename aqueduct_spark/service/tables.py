@@ -96,11 +96,7 @@ class _State:
         self.updates = 0  # incremental updates
 
 
-def _commit_file(version: int) -> str:
-    return f"_delta_log/{version:020d}.json"
-
-
-_FIRST = os.path.basename(_commit_file(0))
+_FIRST = os.path.basename(delta_log.commit_path(0))
 
 
 def _file_key(info: pafs.FileInfo) -> tuple[Any, ...] | None:
@@ -148,6 +144,7 @@ class Tables:
         )
         self._states: OrderedDict[str, _State] = OrderedDict()
         self._snapshots: OrderedDict[tuple[Any, ...], Snapshot] = OrderedDict()
+        self._filesystems: OrderedDict[str, pafs.FileSystem] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"
@@ -174,7 +171,8 @@ class Tables:
         return None if self._local_root is None else os.path.join(self._local_root, name)
 
     def filesystem(self, name: str, create: bool = False) -> pafs.FileSystem:
-        """A filesystem rooted at the table directory: paths are relative to the table."""
+        """A filesystem rooted at the table directory: paths are relative to the table.
+        On an object store one is kept per dataset (making one costs about 10 ms)."""
         local = self.local_dir(name)
         if self._native:
             assert local is not None
@@ -184,7 +182,17 @@ class Tables:
             if not create:
                 raise DatasetNotFound(f"dataset {name!r} does not exist")
             os.makedirs(local, exist_ok=True)
-        return pafs.PyFileSystem(DeltaStorageHandler(self.uri(name), options=self.delta_options()))
+        with self._lock:
+            fs = self._filesystems.get(name)
+            if fs is not None:
+                self._filesystems.move_to_end(name)
+                return fs
+        fs = pafs.PyFileSystem(DeltaStorageHandler(self.uri(name), options=self.delta_options()))
+        with self._lock:
+            self._filesystems[name] = fs
+            while len(self._filesystems) > _STATE_CACHE_SIZE:
+                self._filesystems.popitem(last=False)
+        return fs
 
     def make_dir(self, name: str, directory: str) -> None:
         """Create a directory of the table (object stores have none to create)."""
@@ -258,7 +266,11 @@ class Tables:
         version = require_int(version, "version")
         if version < 0:
             raise InvalidRequest(f"version must be >= 0, got {version}")
-        key = (name, version, _file_key(self.filesystem(name).get_file_info(_commit_file(version))))
+        key = (
+            name,
+            version,
+            _file_key(self.filesystem(name).get_file_info(delta_log.commit_path(version))),
+        )
         with self._lock:
             if key[2] is not None and key in self._snapshots:
                 self._snapshots.move_to_end(key)
@@ -294,7 +306,7 @@ class Tables:
             snap = state.snapshot
             if state.table is not None and snap is not None:
                 here, after = fs.get_file_info(
-                    [_commit_file(snap.version), _commit_file(snap.version + 1)]
+                    [delta_log.commit_path(snap.version), delta_log.commit_path(snap.version + 1)]
                 )
                 if _file_key(here) != state.key:
                     state.table = None  # dropped, maybe created again: load it afresh
@@ -311,30 +323,46 @@ class Tables:
                 state.loads += 1
             snap = Snapshot.of(state.table)
             state.snapshot = snap
-            state.key = _file_key(fs.get_file_info(_commit_file(snap.version)))
+            state.key = _file_key(fs.get_file_info(delta_log.commit_path(snap.version)))
             return snap
 
     def forget(self, name: str) -> None:
         """Drop every cached state of dataset ``name`` (after dropping it)."""
         with self._lock:
             self._states.pop(name, None)
+            self._filesystems.pop(name, None)
             for cache in (self._pinned_cache, self._snapshots):
                 for key in [k for k in cache if k[0] == name]:
                     del cache[key]
 
     def exists(self, name: str) -> bool:
-        """Whether ``name`` is a Delta table. On a local disk its first commit or checkpoint
-        pointer says so (a stat or two); else deltalake's test, which lists the whole log
-        (20 ms at 1,000 versions, and every request asks)."""
+        """Whether ``name`` is a Delta table. Its first commit or checkpoint pointer says so
+        (a stat or two; a HEAD request or two on an object store); else (a log cleaned up
+        without a pointer, or no table) deltalake's test, which lists the whole log (20 ms
+        at 1,000 versions locally, page after page on an object store: every request asks)."""
         self.validate_name(name)
         local = self.local_dir(name)
         if local is not None:
             log = os.path.join(local, "_delta_log")
             if any(os.path.isfile(os.path.join(log, f)) for f in (_FIRST, "_last_checkpoint")):
                 return True
+        else:
+            found = self.filesystem(name).get_file_info(
+                [delta_log.commit_path(0), "_delta_log/_last_checkpoint"]
+            )
+            if any(info.type == pafs.FileType.File for info in found):
+                return True
         return bool(DeltaTable.is_deltatable(self.uri(name), storage_options=self.delta_options()))
 
     def latest_version(self, name: str) -> int:
+        """The latest version of dataset ``name``. From the state kept for it when there is
+        one (two file stats, and the new commits only when there are some: the version after
+        the kept one is probed, as :meth:`snapshot` does); else from a listing of the log."""
+        self.validate_name(name)
+        with self._lock:
+            state = self._states.get(name)
+        if state is not None and state.snapshot is not None:
+            return self._latest(name).version
         local = self.local_dir(name)
         if local is not None and self.exists(name):
             # names only: the listing with commit times stats every file of the log
@@ -381,7 +409,7 @@ class Tables:
         meta: tuple[pa.Schema, tuple[str, ...], str] | None = None
         v = version
         while v >= 0 and meta is None and len(walked) < _WALK_LIMIT:
-            info = fs.get_file_info(_commit_file(v))
+            info = fs.get_file_info(delta_log.commit_path(v))
             if info.type != pafs.FileType.File:
                 break
             key = (name, v, info.size, info.mtime_ns)

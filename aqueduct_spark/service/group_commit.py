@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -211,22 +212,34 @@ class Snapshots:
 
     @staticmethod
     def _refresh(tables: Tables, name: str, entry: _Latest) -> DeltaTable:
-        def mark(version: int) -> tuple[int, Any]:
-            info = entry.fs.get_file_info(f"_delta_log/{version:020d}.json")
-            return version, (info.size, info.mtime_ns)
+        def mark(info: Any) -> Any:
+            return (info.size, info.mtime_ns) if info.type == pafs.FileType.File else None
 
         if entry.table is not None:
             try:
-                if mark(entry.mark[0]) == entry.mark:  # still the table we loaded
-                    entry.table.update_incremental()
-                    entry.mark = mark(entry.table.version())
+                version, key = entry.mark
+                here, after = entry.fs.get_file_info(
+                    [delta_log.commit_path(version), delta_log.commit_path(version + 1)]
+                )
+                if mark(here) == key:  # still the table we loaded
+                    if mark(after) is None:
+                        return entry.table  # nothing committed since: no listing
+                    entry.table.update_incremental()  # lists the log (locally all of it)
+                    version = entry.table.version()
+                    entry.mark = (
+                        version,
+                        mark(entry.fs.get_file_info(delta_log.commit_path(version))),
+                    )
                     return entry.table
             except (DeltaError, OSError):
                 pass
         entry.table = None
         entry.fs = tables.filesystem(name)
         table = tables.open_table(name)
-        entry.mark = mark(table.version())
+        entry.mark = (
+            table.version(),
+            mark(entry.fs.get_file_info(delta_log.commit_path(table.version()))),
+        )
         entry.table = table
         return table
 

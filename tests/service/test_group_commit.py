@@ -54,6 +54,17 @@ def slow_leader(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
+def wait_queued(store: Store, name: str, n: int) -> None:
+    """Until ``n`` appends wait in the group commit queue of dataset ``name``."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        group = group_commit.GROUPS._groups.get((store.root, name))
+        if group is not None and len(group.queue) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} appends never queued")
+
+
 def test_writers_queued_behind_a_commit_share_the_next_one(
     store: Store, slow_leader: list[int]
 ) -> None:
@@ -101,7 +112,12 @@ def test_each_writer_keeps_its_own_app_transaction(store: Store, slow_leader: li
     lead.start()
     time.sleep(0.2)
     with ThreadPoolExecutor(len(plans)) as pool:
-        list(pool.map(append, range(len(plans))))
+        # q0@2 queues after q0@1 (threads would reach the queue in any order)
+        first = [pool.submit(append, k) for k in range(3)]
+        wait_queued(store, "d", 2)
+        last = pool.submit(append, 3)
+        for f in [*first, last]:
+            f.result()
     lead.join()
     # q2@5 is answered before it queues; q0@2 waits for the batch after q0@1's
     assert slow_leader == [1, 2, 1]

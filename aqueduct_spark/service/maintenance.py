@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import re
 import time
@@ -169,18 +170,20 @@ class Maintenance:
         fs = self.store.filesystem(name)
         if state.checkpoint < 0:
             state.checkpoint = newest_checkpoint(fs)
-        table = self.store.open_table(name)
-        if table.version() < state.checkpoint:  # dropped and created again
+        # the state the service keeps of the table (its new commits only), not a load of the
+        # log: most runs find nothing due
+        snap = self.store.snapshot(name)
+        if snap.version < state.checkpoint:  # dropped and created again
             state.checkpoint = newest_checkpoint(fs)
             state.compacted = -1
-        state.latest = max(state.latest, table.version())
+        state.latest = max(state.latest, snap.version)
+        version = snap.version
         if state.latest - state.compacted >= cfg.compact_min_files:
             state.compacted = state.latest
-            small = small_files(table, cfg.compact_target_bytes)
-            if small >= cfg.compact_min_files:
-                compact(self.store, name, cfg.compact_target_bytes)
-                table = self.store.open_table(name)
-        if table.version() - state.checkpoint >= cfg.checkpoint_interval:
+            if small_files(snap.files, cfg.compact_target_bytes) >= cfg.compact_min_files:
+                version = int(compact(self.store, name, cfg.compact_target_bytes)["version"])
+        if version - state.checkpoint >= cfg.checkpoint_interval:
+            table = self.store.open_table(name)
             table.create_checkpoint()
             state.checkpoint = table.version()
             deleted = cleanup_log(fs, cfg.log_retention)
@@ -204,17 +207,24 @@ class Maintenance:
 
 def newest_checkpoint(fs: pafs.FileSystem) -> int:
     """The version of the newest checkpoint in the log (0 when there is none: version 0 is
-    where replaying the log starts)."""
+    where replaying the log starts): from ``_last_checkpoint`` (one small file), else from a
+    listing of the log. (That pointer may lag behind a checkpoint just written: then the next
+    checkpoint comes a little early, which is harmless.)"""
+    try:
+        with fs.open_input_stream("_delta_log/_last_checkpoint") as f:
+            return int(json.loads(f.read())["version"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        pass
     found = [int(m.group(1)) for m in map(_CHECKPOINT_RE.match, _log_names(fs)) if m]
     return max(found, default=0)
 
 
-def small_files(table: Any, target_bytes: int) -> int:
-    """How many of the table's live files are smaller than ``target_bytes``."""
-    adds = pa.table(table.get_add_actions(flatten=False))
-    if not adds.num_rows:
+def small_files(files: pa.Table, target_bytes: int) -> int:
+    """How many of the live files (a snapshot's add actions) are smaller than
+    ``target_bytes``."""
+    if not files.num_rows:
         return 0
-    return int(pc.sum(pc.less(adds["size_bytes"], target_bytes)).as_py() or 0)
+    return int(pc.sum(pc.less(files["size_bytes"], target_bytes)).as_py() or 0)
 
 
 def _log_names(fs: pafs.FileSystem) -> list[str]:

@@ -37,6 +37,7 @@ from aqueduct_core.wire.frames import (
     SentUnreliable,
     Version,
     cost_of,
+    frame_name,
 )
 from aqueduct_core.wire.parser import StreamParser, parse_datagram
 
@@ -232,9 +233,9 @@ class Dispatch(Handshake):
                 raise RemoteProtocolError("FORGET_CHANNEL for a channel the peer did not create")
         elif kind in _SENDER_FRAMES:
             if we_send:
-                raise RemoteProtocolError(f"{kind.__name__} routed to a channel we send on")
+                raise RemoteProtocolError(f"{frame_name(kind)} routed to a channel we send on")
         elif we_send is False:
-            raise RemoteProtocolError(f"{kind.__name__} routed to a channel we receive on")
+            raise RemoteProtocolError(f"{frame_name(kind)} routed to a channel we receive on")
         elif kind is Dequeued and self.own_window is None:
             raise RemoteProtocolError("DEQUEUED (tag 12) without negotiated flow control")
         if kind is ForgetChannel:

@@ -26,9 +26,16 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from aqueduct_core.errors import AqueductError
 
-class BackendMismatch(RuntimeError):
+
+class BackendMismatch(AqueductError, RuntimeError):
     """A private hook no longer matches the installed QUIC library."""
+
+    remedy = (
+        "install the QUIC library version aqueduct-spark pins (pip install aqueduct-spark), "
+        "or choose the other backend (backend=aioquic or AQUEDUCT_BACKEND=aioquic)"
+    )
 
 
 @dataclass(frozen=True)
@@ -268,7 +275,8 @@ def _install_qh3_hooks() -> None:
         if limits is not None:
             if args[21:23] != (100, 103):
                 raise BackendMismatch(
-                    "qh3 internals moved: QuicConnectionCore stream-limit arguments changed"
+                    "this qh3 version is not one Aqueduct supports: its stream-limit "
+                    "arguments moved"
                 )
             args = (*args[:22], limits[0], *args[23:])
         return original_core(*args)

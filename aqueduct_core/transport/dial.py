@@ -45,9 +45,10 @@ from aqueduct_core.transport.endpoints import (
     Server,
     unreachable_reason,
 )
-from aqueduct_core.transport.tcp import PinMismatch, TcpListener, connect_tcp, listen_tcp
+from aqueduct_core.transport.tcp import TcpListener, connect_tcp, listen_tcp
 from aqueduct_core.transport.tls import (
     ClientTLS,
+    PinMismatch,
     ServerTLS,
     file_fingerprint,
     make_dev_certificates,

@@ -60,11 +60,18 @@ class ConnectError(ConnectionLost):
     """Connecting failed: the server is unreachable, the handshake timed out, or TLS failed.
     The message names the address and the likely fix."""
 
+    remedy = (
+        "check the URL, and that the service runs there (aqueduct status URL); start it with "
+        "aqueduct serve"
+    )
+
 
 class Refused(ConnectError):
     """Nothing listens at the address, as the host itself said at once: ICMP "port
     unreachable" for QUIC (or "host unreachable"), a reset (``ECONNREFUSED``) for TCP.
     ``reason`` is that answer in a few words."""
+
+    remedy = "start the service (aqueduct serve), or correct the port in the URL"
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)

@@ -56,6 +56,7 @@ from aqueduct_core.transport.pmtu import (
     size_qh3_configuration,
 )
 from aqueduct_core.transport.reset import is_reset, peer_tokens
+from aqueduct_core.transport.tls import PinMismatch
 
 log = logging.getLogger("aqueduct.transport")
 
@@ -69,10 +70,6 @@ _classes: dict[str, type] = {}
 
 
 STATELESS_RESET = "the server no longer knows this connection (stateless reset: it restarted)"
-
-
-class PinMismatch(Exception):
-    """The server's certificate does not have the pinned fingerprint."""
 
 
 def protocol_class(backend: Backend) -> type:
@@ -549,7 +546,8 @@ def _build(backend: Backend) -> type:
                 got = hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
                 if got != self.pin:
                     self.pin_error = PinMismatch(
-                        f"the server's certificate has fingerprint {got}, not the pinned {self.pin}"
+                        f"the server's certificate has fingerprint {got}, not the pinned {self.pin}; "
+                        "use the fingerprint the service printed when it started"
                     )
                     self.engine.close(now, CloseCode.PROTOCOL_VIOLATION, "certificate pin mismatch")
                     return

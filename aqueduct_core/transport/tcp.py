@@ -53,16 +53,18 @@ from aqueduct_core.transport.mux_wire import (
     StreamReset,
     TcpSettings,
 )
-from aqueduct_core.transport.tls import ClientTLS, ServerTLS, normalize_fingerprint, warn_insecure
+from aqueduct_core.transport.tls import (
+    ClientTLS,
+    PinMismatch,
+    ServerTLS,
+    normalize_fingerprint,
+    warn_insecure,
+)
 
 log = logging.getLogger("aqueduct.transport")
 
 SMALL = 4096
 """Adjacent buffers below this size are joined before TLS (one record, not one each)."""
-
-
-class PinMismatch(Exception):
-    """The server's certificate does not have the pinned fingerprint."""
 
 
 def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
@@ -163,7 +165,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
             got = hashlib.sha256(der).hexdigest()
             if got != self.pin:
                 self.pin_error = PinMismatch(
-                    f"the server's certificate has fingerprint {got}, not the pinned {self.pin}"
+                    f"the server's certificate has fingerprint {got}, not the pinned {self.pin}; "
+                    "use the fingerprint the service printed when it started"
                 )
                 self._fail_now("certificate pin mismatch")
                 return

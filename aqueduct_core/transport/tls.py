@@ -29,8 +29,16 @@ if TYPE_CHECKING:
 # (Spark starts one per query to plan a read).
 
 
+class PinMismatch(Exception):
+    """The server's certificate does not have the pinned fingerprint (either transport)."""
+
+    remedy = "use the fingerprint the service printed when it started (aqueduct serve's banner)"
+
+
 class InsecureConnectionWarning(UserWarning):
     """A client connected without verifying the server's certificate."""
+
+    remedy = "pin the service's fingerprint or give its CA file instead of insecure=True"
 
 
 @dataclass(frozen=True)

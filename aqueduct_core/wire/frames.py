@@ -8,6 +8,7 @@ item 7). :func:`pull_frame` decodes one frame from complete data.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -160,6 +161,13 @@ Frame: TypeAlias = (
 
 PRELUDE_TYPES = (Version, AckVersion, ConnectionHeaders)
 DATAGRAM_TYPES = (Version, RouteTo, Message)
+
+
+def frame_name(kind: type) -> str:
+    """The spec's name of a frame class (``RouteTo`` -> ``ROUTE_TO``; ``MessageHead``, the
+    parser's partial ``Message``, -> ``MESSAGE``): what errors call a frame."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__.removesuffix("Head")).upper()
+
 
 _SIMPLE_TAGS: dict[type, int] = {
     AckVersion: TAG_ACK_VERSION,

@@ -26,6 +26,7 @@ from aqueduct_core.wire.frames import (
     MessageHead,
     RouteTo,
     Version,
+    frame_name,
     pull_frame,
     pull_message_head,
 )
@@ -51,14 +52,13 @@ class _Grammar:
         self.count += 1
         if kind in PRELUDE_TYPES:
             if self.route is not None:
-                raise RemoteProtocolError(f"{kind.__name__} after ROUTE_TO")
+                raise RemoteProtocolError(f"{frame_name(kind)} after ROUTE_TO")
         elif isinstance(frame, RouteTo):
             if self.route is not None:
                 raise RemoteProtocolError("a second ROUTE_TO in one frame sequence")
             self.route = frame.chanid
         elif self.route is None:
-            name = "Message" if kind is MessageHead else kind.__name__
-            raise RemoteProtocolError(f"{name} with no ROUTE_TO before it")
+            raise RemoteProtocolError(f"{frame_name(kind)} with no ROUTE_TO before it")
 
 
 class StreamParser:
@@ -194,7 +194,7 @@ def parse_datagram(
         except Truncated:
             raise RemoteProtocolError("datagram ends in the middle of a frame") from None
         if not isinstance(frame, DATAGRAM_TYPES):
-            raise RemoteProtocolError(f"{type(frame).__name__} is not allowed in a datagram")
+            raise RemoteProtocolError(f"{frame_name(type(frame))} is not allowed in a datagram")
         grammar.check(frame)
         frames.append(frame)
     return frames, grammar.version_first

@@ -18,6 +18,8 @@ from aqueduct_spark.cli.datasets import _client
 class MaintenanceError(AqueductError):
     """A maintenance command cannot run here."""
 
+    remedy = "install Delta Lake (pip install 'aqueduct-spark[service]'), or ask the service"
+
 
 SERVE_FLAGS = (
     # flag, type, default (as service.maintenance.MaintenanceConfig has it), metavar, help

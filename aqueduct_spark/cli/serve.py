@@ -34,6 +34,8 @@ from aqueduct_spark.service.startup import StartupError, check_exposure, listen_
 class AqueductServeError(AqueductError):
     """``aqueduct serve`` could not start."""
 
+    remedy = "install the service's dependencies: pip install 'aqueduct-spark[service]'"
+
 
 def service_url(host: str, port: int) -> str:
     """The URL clients use: an IPv6 literal in brackets (``quic://[::1]:4433``)."""

@@ -45,7 +45,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     except AqueductError as exc:
         if not args.json:
             raise  # printed like every other command's error, exit 1
-        report.update(status="down", error=f"{type(exc).__name__}: {exc}")
+        report.update(status="down", error=str(exc))  # what happened and the fix, no class
     finally:
         client.close()
     if args.json:

@@ -43,6 +43,8 @@ class CannotConnect(ConnectError):
     message names what to change (the URL, the fingerprint or the CA file). It is not a
     service that is down or unreachable for now (that is ``ConnectionLost``)."""
 
+    remedy = "correct the URL, the fingerprint or the CA file, as the message says"
+
 
 class ServiceUnreachable(ConnectError):
     """No connection could be opened within ``connect_timeout`` (the attempts and pauses
@@ -50,6 +52,11 @@ class ServiceUnreachable(ConnectError):
     names the URL, what each address answered, and how to start a service
     (``aqueduct serve``). It may heal (a service starting), but the client already waited
     as long as it was told to, so requests do not retry it."""
+
+    remedy = (
+        "start the service (aqueduct serve) or correct the URL; if it runs, check that a "
+        "firewall lets UDP and TCP through to its port"
+    )
 
 
 class Kind(enum.Enum):

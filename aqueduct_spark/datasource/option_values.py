@@ -15,6 +15,11 @@ from aqueduct_core.errors import AqueductError
 class OptionError(AqueductError, ValueError):
     """An option of the aqueduct data source is missing or has a bad value."""
 
+    remedy = (
+        "use the option names and values listed in docs/spark-options.md (names are "
+        "case-insensitive)"
+    )
+
 
 def duration_text(seconds: float) -> str:
     """``seconds`` as an option value (``10s``, ``500ms``): how a default is shown."""

@@ -21,6 +21,10 @@ class SourceTableChanged(P.DatasetError):
     ``failOnDataLoss=false`` to start over at the earliest version of the current table."""
 
     code = "SOURCE_TABLE_CHANGED"
+    remedy = (
+        "start the query with a new checkpointLocation, or set failOnDataLoss=false to start "
+        "over at the earliest version of the current table"
+    )
 
 
 class DataChanged(P.DatasetError):
@@ -30,6 +34,10 @@ class DataChanged(P.DatasetError):
     that only delete) or ``readChangeFeed=true`` (read the changes as rows)."""
 
     code = "DATA_CHANGED"
+    remedy = (
+        "set skipChangeCommits=true (skip versions that rewrite data), ignoreDeletes=true "
+        "(skip versions that only delete) or readChangeFeed=true (read the changes as rows)"
+    )
 
 
 def offset(version: int, file: int = 0, table_id: str | None = None) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 
 The service raises these classes itself (its store included); each crosses the wire as its
 code and the client rebuilds the same class (:func:`error_from_wire`). Every message says what
-went wrong and what to do about it.
+went wrong; what to do is in the message or, when it is the class's usual fix, in the class's
+``remedy``, which ``str()`` adds (see :mod:`aqueduct_core.errors`). Only the message crosses
+the wire, so the client's ``str()`` adds the remedy once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from aqueduct_core.errors import AqueductError
 class DatasetError(AqueductError):
     """An error answered by the dataset service. ``code`` is its wire status."""
 
+    remedy = "look the error up in the troubleshooting guide (docs/troubleshooting.md)"
+
     code = "INTERNAL"
 
     def __init__(self, message: str, details: Mapping[str, Any] | None = None) -> None:
@@ -29,11 +33,17 @@ class DatasetNotFound(DatasetError):
     """No dataset of that name (never created, or dropped). Create it (or write with mode
     append/overwrite), or check the name with ``aqueduct ls``."""
 
+    remedy = (
+        "check the name with aqueduct ls; a write with mode append or overwrite creates the dataset"
+    )
+
     code = "NOT_FOUND"
 
 
 class DatasetExists(DatasetError):
     """A dataset of that name exists already (create / mode errorifexists)."""
+
+    remedy = "append to the dataset, overwrite it, or drop it first"
 
     code = "ALREADY_EXISTS"
 
@@ -42,11 +52,22 @@ class SchemaMismatch(DatasetError):
     """The data's columns or types do not match the dataset's (the message lists each
     differing column), or Delta Lake cannot store them."""
 
+    remedy = (
+        "cast or rename the data's columns to match the dataset's schema (aqueduct "
+        "describe NAME shows it); to change the schema, overwrite with overwriteSchema or add "
+        "columns with mergeSchema"
+    )
+
     code = "SCHEMA_MISMATCH"
 
 
 class Unauthenticated(DatasetError):
     """The connection did not present the service's token (option ``token``)."""
+
+    remedy = (
+        "pass a token the service accepts: the Spark option token, AQUEDUCT_TOKEN, "
+        "aqueduct --token, or Client(url, token=...)"
+    )
 
     code = "UNAUTHENTICATED"
 
@@ -55,6 +76,11 @@ class PermissionDenied(DatasetError):
     """The connection's token is valid but its rights do not cover the request: the dataset is
     outside its globs, or it may only read and the request writes. Use a token with those
     rights (the service's operator grants them in its configuration file)."""
+
+    remedy = (
+        "use a token with rights on this dataset and operation, or ask the service's "
+        "operator to grant them"
+    )
 
     code = "PERMISSION_DENIED"
     permanent = True
@@ -65,6 +91,11 @@ class Conflict(DatasetError):
     top of (e.g. two overwrites). The staged files are kept: retrying the commit is safe,
     or retry the write."""
 
+    remedy = (
+        "run the write again (a commit may be retried: its staged files are kept); avoid "
+        "concurrent overwrites of one dataset"
+    )
+
     code = "CONFLICT"
 
 
@@ -72,11 +103,18 @@ class InvalidRequest(DatasetError):
     """The request is malformed or asks for something impossible (bad name, bad filter,
     unknown operation, batch too large, data that is not Arrow). Not retryable."""
 
+    remedy = (
+        "correct the request as the message says (it is not retried); the protocol is in "
+        "docs/dataset-protocol.md"
+    )
+
     code = "INVALID_REQUEST"
 
 
 class VersionNotFound(DatasetError):
     """Time travel to a version or timestamp the dataset does not have (or no longer has)."""
+
+    remedy = "pick a version from the dataset's history (aqueduct history NAME)"
 
     code = "VERSION_NOT_FOUND"
 
@@ -85,11 +123,18 @@ class DataLoss(DatasetError):
     """Data files of the requested version are gone (vacuumed, or deleted outside the
     service). With streaming, ``failOnDataLoss=false`` skips ahead instead."""
 
+    remedy = (
+        "read a later version; for a stream, set failOnDataLoss=false to skip what is gone, "
+        "and keep vacuum's retention longer than readers need"
+    )
+
     code = "DATA_LOSS"
 
 
 class Unavailable(DatasetError):
     """The service is shutting down or overloaded; retry later."""
+
+    remedy = "retry later; if it recurs, check the service's load and log, or raise the timeout"
 
     code = "UNAVAILABLE"
 
@@ -97,6 +142,11 @@ class Unavailable(DatasetError):
 class InternalError(DatasetError):
     """The service failed unexpectedly (an unexpected Delta Lake error, for instance); the
     message and the service's log have the details."""
+
+    remedy = (
+        "read the service's log (the stderr of aqueduct serve) for the cause, and report it "
+        "if it is not a problem of the machine (a full disk, permissions on the root)"
+    )
 
     code = "INTERNAL"
 

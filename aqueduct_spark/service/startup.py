@@ -38,6 +38,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 
+from aqueduct_core.errors import AqueductError
+
 log = logging.getLogger("aqueduct.service")
 
 PROBE_PREFIX = ".aqueduct-probe-"
@@ -55,8 +57,10 @@ _S3_CODES = {
 }
 
 
-class StartupError(ValueError):
+class StartupError(AqueductError, ValueError):
     """The service cannot start as configured; the message is one line naming the fix."""
+
+    remedy = "correct the setting the message names (aqueduct serve --help lists them)"
 
 
 def check_root(root: str, storage_options: dict[str, str] | None = None) -> None:

@@ -56,7 +56,7 @@ class AqueductDataSource(DataSource):
             if missing:
                 raise P.InvalidRequest(
                     f"option columns names {missing}, not in dataset {opts.dataset!r} "
-                    f"(columns: {schema.names})"
+                    f"(columns: {schema.names}); name only columns the dataset has"
                 )
             schema = pa.schema([schema.field(c) for c in opts.columns])
         if opts.read_change_feed:

@@ -24,7 +24,9 @@ NOT = "not"
 
 def _field(path: Sequence[str]) -> pc.Expression:
     if not path or not all(isinstance(p, str) for p in path):
-        raise InvalidRequest(f"filter column must be a non-empty list of names, got {path!r}")
+        raise InvalidRequest(
+            f"filter column must be a non-empty list of names, got {path!r}; name a column: 'a', or 'a.b' for a struct's field"
+        )
     return pc.field(*path) if len(path) > 1 else pc.field(path[0])
 
 
@@ -35,30 +37,40 @@ def _scalar(value: Any) -> Any:
         return value
     if value is None:
         return None
-    raise InvalidRequest(f"unsupported filter value {value!r}")
+    raise InvalidRequest(
+        f"unsupported filter value {value!r}: compare with a number, text, bytes, a boolean, a date, a datetime, a Decimal or None"
+    )
 
 
 def predicate_to_expression(pred: Any) -> pc.Expression:
     if not isinstance(pred, list | tuple) or not pred:
-        raise InvalidRequest(f"malformed filter predicate {pred!r}")
+        raise InvalidRequest(
+            f"malformed filter predicate {pred!r}: write (column, op, value), e.g. ('id', '>', 3)"
+        )
     op = pred[0]
     if op == NOT:
         if len(pred) != 2:
-            raise InvalidRequest(f"'not' takes one predicate, got {pred!r}")
+            raise InvalidRequest(
+                f"'not' takes one predicate, got {pred!r}: write ['not', predicate]"
+            )
         return ~predicate_to_expression(pred[1])
     if op in UNARY_OPS:
         if len(pred) != 2:
-            raise InvalidRequest(f"{op!r} takes a column only, got {pred!r}")
+            raise InvalidRequest(
+                f"{op!r} takes a column only, got {pred!r}: write (column, {op!r})"
+            )
         f = _field(pred[1])
         return f.is_null() if op == "is_null" else f.is_valid()
     if op not in BINARY_OPS or len(pred) != 3:
         raise InvalidRequest(
-            f"unknown filter {pred!r}: operators are {', '.join((*BINARY_OPS, *UNARY_OPS, NOT))}"
+            f"unknown filter {pred!r}: use one of the operators {', '.join((*BINARY_OPS, *UNARY_OPS, NOT))}"
         )
     f, value = _field(pred[1]), pred[2]
     if op == "in":
         if not isinstance(value, list | tuple):
-            raise InvalidRequest(f"'in' needs a list of values, got {value!r}")
+            raise InvalidRequest(
+                f"'in' needs a list of values, got {value!r}: write e.g. ('id', 'in', [1, 2])"
+            )
         values = [_scalar(v) for v in value]
         present = [v for v in values if v is not None]
         # SQL: x IN (...) is NULL when x is NULL, or when nothing matched and the list holds
@@ -97,7 +109,9 @@ def filters_to_expression(filters: Any) -> pc.Expression | None:
     if filters is None:
         return None
     if not isinstance(filters, list | tuple):
-        raise InvalidRequest(f"filters must be a list of predicates, got {filters!r}")
+        raise InvalidRequest(
+            f"filters must be a list of predicates, got {filters!r}: give e.g. [('id', '>', 3)]"
+        )
     expr: pc.Expression | None = None
     for pred in filters:
         e = predicate_to_expression(pred)

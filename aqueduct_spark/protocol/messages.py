@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -37,13 +38,20 @@ def require_int(v: Any, what: str) -> int:
 
 
 def _fields(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    what = _wire_noun(cls)
     if not isinstance(d, Mapping):
-        raise InvalidRequest(f"expected a mapping for {cls.__name__}, got {type(d).__name__}")
+        raise InvalidRequest(f"{what} must be a map of its fields, got {d!r:.100}")
     names = [f.name for f in dataclasses.fields(cls)]
     missing = [n for n in names if n not in d]
     if missing:
-        raise InvalidRequest(f"{cls.__name__} is missing fields {missing}")
+        raise InvalidRequest(f"{what} is missing fields {missing}")
     return {n: d[n] for n in names}
+
+
+def _wire_noun(cls: type) -> str:
+    """What the protocol calls a value of ``cls`` (``StagedFile``: ``a staged file``)."""
+    words = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
+    return f"a {words}"
 
 
 def _to_plain(v: Any) -> Any:

@@ -195,7 +195,9 @@ def feed(
     else:
         start = require_int(starting_version, "starting_version")
         if start < 0:
-            raise InvalidRequest(f"starting_version must be >= 0, got {start}")
+            raise InvalidRequest(
+                f"starting_version must be >= 0, got {start}; pick one from aqueduct history {name}"
+            )
         if start > latest:
             raise VersionNotFound(
                 f"dataset {name!r} has no version {start} yet (the latest is {latest})"
@@ -272,13 +274,15 @@ def scan_change(
     if not isinstance(stamp, dt.datetime):
         raise InvalidRequest(f"commit_timestamp must be a timestamp, got {stamp!r}")
     if require_int(batch_rows, "batch_rows") <= 0:
-        raise InvalidRequest(f"batch_rows must be positive, got {batch_rows}")
+        raise InvalidRequest(
+            f"batch_rows must be positive, got {batch_rows}; leave it out for the default"
+        )
     schema, parts = tables.pinned(split.dataset, split.version)
     wanted = list(columns) if columns is not None else [*schema.names, *CHANGE_NAMES]
     unknown = [c for c in wanted if c not in schema.names and c not in CHANGE_NAMES]
     if unknown:
         raise InvalidRequest(
-            f"unknown columns {unknown}; the change feed has {[*schema.names, *CHANGE_NAMES]}"
+            f"unknown columns {unknown}; choose from the change feed's {[*schema.names, *CHANGE_NAMES]}"
         )
     data = [c for c in wanted if c in schema.names]
     read = data + (["_change_type"] if change is None else [])

@@ -228,9 +228,13 @@ def commit(
     if (app_id is None) != (app_version is None):
         raise InvalidRequest("app_id and app_version go together: give both or neither")
     if app_id is not None and (not isinstance(app_id, str) or not app_id):
-        raise InvalidRequest(f"app_id must be a non-empty string, got {app_id!r}")
+        raise InvalidRequest(
+            f"app_id must be a non-empty string, got {app_id!r}; name the writing application, e.g. 'nightly-load'"
+        )
     if app_version is not None and require_int(app_version, "app_version") < 0:
-        raise InvalidRequest(f"app_version must be >= 0, got {app_version}")
+        raise InvalidRequest(
+            f"app_version must be >= 0, got {app_version}; give the run's number, which grows with each run"
+        )
     given = delta_types.delta_schema(schema)
     files = staged_list(staged)
     txns = None

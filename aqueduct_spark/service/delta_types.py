@@ -82,7 +82,9 @@ def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
 def delta_schema(schema: pa.Schema) -> pa.Schema:
     """The schema data of ``schema`` is written with: Delta types, as deltalake reports them."""
     if not isinstance(schema, pa.Schema):
-        raise InvalidRequest(f"expected a pyarrow.Schema, got {type(schema).__name__}")
+        raise InvalidRequest(
+            f"expected a pyarrow.Schema, got {type(schema).__name__}; pass e.g. pa.schema([('id', pa.int64())])"
+        )
     if len(schema) == 0:
         raise SchemaMismatch("the schema has no columns; a dataset needs at least one")
     names = schema.names

@@ -373,8 +373,9 @@ def _commit_batch(
             )
         elif any(a.path in active for a in append.adds):
             out[i] = InvalidRequest(
-                f"staged files of this append are already part of dataset {name!r}; a "
-                "commit can only be repeated safely with an app_id and app_version"
+                f"staged files of this append are already part of dataset {name!r}: it was "
+                "committed before (give a commit an app_id and app_version to make repeating "
+                "it safe)"
             )
         else:
             live.append(i)

@@ -276,7 +276,9 @@ def compact(store: Store, name: str, target_bytes: int = 128 << 20) -> dict[str,
     """Rewrite the dataset's small files into files of about ``target_bytes`` (one commit with
     ``dataChange=false``: readers see the same rows, streams nothing new)."""
     if require_int(target_bytes, "target_bytes") < 1:
-        raise InvalidRequest(f"target_bytes must be positive, got {target_bytes}")
+        raise InvalidRequest(
+            f"target_bytes must be positive, got {target_bytes}; give a file size in bytes"
+        )
     table = store.open_table(name)
     before = table.version()
     try:
@@ -300,7 +302,9 @@ def restore(store: Store, name: str, version: int) -> dict[str, Any]:
     """Make the dataset's data what it was at ``version``, as a new version (the versions in
     between stay in the history)."""
     if require_int(version, "version") < 0:
-        raise InvalidRequest(f"version must be >= 0, got {version}")
+        raise InvalidRequest(
+            f"version must be >= 0, got {version}; pick one from aqueduct history {name}"
+        )
     table = store.open_table(name)
     latest = table.version()
     if version > latest:

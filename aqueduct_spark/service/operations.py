@@ -46,9 +46,13 @@ def timestamp(value: Any) -> dt.datetime | None:
         try:
             parsed = dt.datetime.fromisoformat(value)
         except ValueError:
-            raise P.InvalidRequest(f"timestamp {value!r} is not ISO 8601") from None
+            raise P.InvalidRequest(
+                f"timestamp {value!r} is not ISO 8601; write it like 2026-01-31T12:00:00Z"
+            ) from None
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-    raise P.InvalidRequest(f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}")
+    raise P.InvalidRequest(
+        f"timestamp must be ISO 8601 text or epoch milliseconds, got {value!r}; write it like 2026-01-31T12:00:00Z"
+    )
 
 
 class Operations:
@@ -124,7 +128,7 @@ class Operations:
         name = field(req, "dataset", str)
         mode = field(req, "mode", str)
         if mode not in ("append", "overwrite", "create"):
-            raise P.InvalidRequest(f"mode must be append, overwrite or create, not {mode!r}")
+            raise P.InvalidRequest(f"unknown write mode {mode!r}: use append, overwrite or create")
         schema = P.schema_from_bytes(field(req, "schema", bytes))
         target = self.store.check_schema(
             name,
@@ -230,7 +234,9 @@ class Operations:
         those versions' commits alone (a stream catching up asks once per range)."""
         if req.get("change_feed"):
             if last < first:
-                raise P.InvalidRequest(f"to_version must be >= version {first}, got {last}")
+                raise P.InvalidRequest(
+                    f"to_version must be >= version {first}, got {last}; give a range that ends at or after its start"
+                )
             found = changes.feed(
                 self.store, name, first, last, change_feed=True, missing_ok=missing_ok
             )

@@ -229,7 +229,9 @@ def _timestamp(text: str) -> dt.datetime:
 def parse(text: str) -> Node:
     """The syntax tree of a predicate; :class:`InvalidRequest` saying what is wrong."""
     if not isinstance(text, str):
-        raise InvalidRequest(f"replaceWhere must be text, got {type(text).__name__}")
+        raise InvalidRequest(
+            f"replaceWhere must be text, got {type(text).__name__}; give the condition as SQL text, e.g. \"day >= '2026-01-01'\""
+        )
     return _Parser(text).parse()
 
 
@@ -261,7 +263,7 @@ def bind(text: str, schema: pa.Schema) -> pc.Expression:
                 where = "the dataset" if depth == 0 else f"struct {'.'.join(path[:depth])!r}"
                 raise InvalidRequest(
                     f"replaceWhere {text!r} names column {'.'.join(path)!r}, which is not in "
-                    f"{where} (columns: {names})"
+                    f"{where} (columns: {names}); name one of those columns"
                 )
             t = t.field(name).type
         return t
@@ -287,7 +289,7 @@ def bind(text: str, schema: pa.Schema) -> pc.Expression:
             return pc.scalar(pa.scalar(value).cast(t))
         except (ValueError, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise InvalidRequest(
-                f"replaceWhere {text!r}: {value!r} is not a value of type {t} ({exc})"
+                f"replaceWhere {text!r}: {value!r} is not a value of type {t} ({exc}); compare the column with a value of its type"
             ) from None
 
     def operand(n: Node, other: Node | None = None) -> pc.Expression:
@@ -340,7 +342,7 @@ def bind(text: str, schema: pa.Schema) -> pc.Expression:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise InvalidRequest(
             f"replaceWhere {text!r} is not a true-or-false condition on the dataset's columns "
-            f"({exc})"
+            f"({exc}); write a comparison such as \"day >= '2026-01-01'\""
         ) from None
     return expression
 

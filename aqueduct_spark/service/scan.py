@@ -54,13 +54,13 @@ def project(schema: pa.Schema, columns: Sequence[str] | None) -> tuple[list[str]
     if columns is None:
         return list(schema.names), schema
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-        raise InvalidRequest("columns must be a list of column names")
+        raise InvalidRequest("columns must be a list of column names; give e.g. columns=['id']")
     cols = list(columns)
     unknown = [c for c in cols if c not in schema.names]
     if unknown:
-        raise InvalidRequest(f"unknown columns {unknown}; the dataset has {schema.names}")
+        raise InvalidRequest(f"unknown columns {unknown}; choose from the dataset's {schema.names}")
     if len(set(cols)) != len(cols):
-        raise InvalidRequest(f"columns {cols} contain duplicates")
+        raise InvalidRequest(f"columns {cols} contain duplicates; name each column once")
     return cols, pa.schema([schema.field(c) for c in cols])
 
 
@@ -75,7 +75,9 @@ def check_filter(schema: pa.Schema, filter: pc.Expression | None) -> pc.Expressi
     try:
         schema.empty_table().filter(filter)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
-        raise InvalidRequest(f"invalid filter {filter}: {exc}") from exc
+        raise InvalidRequest(
+            f"invalid filter {filter}: {exc}; compare each column with a value of its type"
+        ) from exc
     return filter
 
 

@@ -105,7 +105,7 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
     if isinstance(exc, ChannelError):  # the client cancelled, went away, or was cut off
         return P.Unavailable(f"the request's channel ended: {exc}")
     log.exception("request failed", exc_info=exc)
-    return P.InternalError(f"the service failed: {type(exc).__name__}: {exc}")
+    return P.InternalError(f"the service failed unexpectedly ({exc or 'no detail'})")
 
 
 def _authorize(
@@ -318,7 +318,9 @@ class DatasetService:
                     self._notify(req["dataset"], result["version"])
                     self.maintenance.after_commit(req["dataset"], result["version"])
             else:
-                raise P.InvalidRequest(f"unknown operation {op!r}")
+                raise P.InvalidRequest(
+                    f"unknown operation {op!r}: the client is newer than this service; upgrade the service, or use a client of its version"
+                )
         except Exception as exc:  # every failure becomes an answer, never a dead connection
             await self._fail(req, _answer_for(exc))
         finally:

@@ -152,7 +152,9 @@ def encode_partition_value(value: Any) -> str | None:
         return str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
     if isinstance(value, dt.date):
         return value.isoformat()
-    raise InvalidRequest(f"cannot use {value!r} as a partition value")
+    raise InvalidRequest(
+        f"cannot use {value!r} as a partition value; partition by a column of a primitive type (integer, string, date, timestamp, boolean, decimal, float)"
+    )
 
 
 def partition_dir(partition_by: Sequence[str], values: Mapping[str, str | None]) -> str:
@@ -220,8 +222,9 @@ def verify_staged(
         seen.add(f.path)
         if f.path in active:
             raise InvalidRequest(
-                f"staged file {f.path!r} is already part of dataset {dataset!r}; a commit can "
-                "only be repeated safely with an app_id and app_version"
+                f"staged file {f.path!r} is already part of dataset {dataset!r}: it was "
+                "committed before (give a commit an app_id and app_version to make repeating "
+                "it safe)"
             )
         if set(f.partition_values) != set(partition_by):
             raise SchemaMismatch(

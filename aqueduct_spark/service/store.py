@@ -109,7 +109,9 @@ class Store(Tables):
         """What each version did and added, oldest first, from ``since_version`` on (as far back
         as the log goes). Timestamps are the commit times time travel uses."""
         if since_version is not None and require_int(since_version, "since_version") < 0:
-            raise InvalidRequest(f"since_version must be >= 0, got {since_version}")
+            raise InvalidRequest(
+                f"since_version must be >= 0, got {since_version}; give 0 for the whole history"
+            )
         if not self.exists(name):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
         fs = self.filesystem(name)
@@ -219,9 +221,13 @@ class Store(Tables):
         The splits are packed into tasks of about ``split_bytes``, each split counted with
         ``open_cost`` more (:func:`.scan.pack`)."""
         if require_int(split_bytes, "split_bytes") <= 0:
-            raise InvalidRequest(f"split_bytes must be positive, got {split_bytes}")
+            raise InvalidRequest(
+                f"split_bytes must be positive, got {split_bytes}; leave it out for the default"
+            )
         if require_int(open_cost, "open_cost") < 0:
-            raise InvalidRequest(f"open_cost must be >= 0, got {open_cost}")
+            raise InvalidRequest(
+                f"open_cost must be >= 0, got {open_cost}; leave it out for the default"
+            )
         snap = self.snapshot(name, version, timestamp)
         v, schema, parts = snap.version, snap.schema, snap.partition_by
         _, out_schema = scan.project(schema, columns)
@@ -270,11 +276,13 @@ class Store(Tables):
         as a change of data."""
         self.validate_name(name)
         if require_int(first, "version") < 0:
-            raise InvalidRequest(f"version must be >= 0, got {first}")
+            raise InvalidRequest(
+                f"version must be >= 0, got {first}; pick one from aqueduct history {name}"
+            )
         if require_int(last, "to_version") < first or last - first >= MAX_VERSION_RANGE:
             raise InvalidRequest(
                 f"to_version must be from version {first} to {first + MAX_VERSION_RANGE - 1}, "
-                f"got {last}"
+                f"got {last}; ask for at most {MAX_VERSION_RANGE} versions at a time"
             )
         latest = self.latest_version(name)
         if last > latest:
@@ -387,10 +395,14 @@ class Store(Tables):
         many = not isinstance(split, Split | Mapping)
         given: list[Any] = list(split) if many else [split]  # type: ignore[arg-type]
         if not given or len(given) > MAX_SCAN_SPLITS:
-            raise InvalidRequest(f"a scan needs 1 to {MAX_SCAN_SPLITS} splits, got {len(given)}")
+            raise InvalidRequest(
+                f"a scan needs 1 to {MAX_SCAN_SPLITS} splits, got {len(given)}; scan the plan's splits in groups of at most {MAX_SCAN_SPLITS}"
+            )
         splits = [s if isinstance(s, Split) else Split.from_dict(s) for s in given]
         if require_int(batch_rows, "batch_rows") <= 0:
-            raise InvalidRequest(f"batch_rows must be positive, got {batch_rows}")
+            raise InvalidRequest(
+                f"batch_rows must be positive, got {batch_rows}; leave it out for the default"
+            )
         readers = []
         pinned: dict[tuple[str, int], tuple[Any, ...]] = {}  # one look-up per version
         for sp in splits:
@@ -454,7 +466,9 @@ class Store(Tables):
             ("row_group_bytes", row_group_bytes),
         ):
             if require_int(n, what) <= 0:
-                raise InvalidRequest(f"{what} must be positive, got {n}")
+                raise InvalidRequest(
+                    f"{what} must be positive, got {n}; leave it out for the default"
+                )
         return staging.StageWriter(
             dataset=name,
             filesystem=self.filesystem(name, create=True),
@@ -490,7 +504,9 @@ class Store(Tables):
         given = set()
         for f in staged_list(staged):
             if staging.staged_txn(staging.check_relative_path(f.path)) != txn:
-                raise InvalidRequest(f"staged file {f.path!r} is not of transaction {txn!r}")
+                raise InvalidRequest(
+                    f"staged file {f.path!r} is not of transaction {txn!r}; commit each staged file with the transaction that staged it"
+                )
             given.add(f.path)
         local = self.local_dir(name)
         if local is not None and not os.path.isdir(local):
@@ -507,7 +523,9 @@ class Store(Tables):
         paths; ``dry_run`` only lists them. Works on a dataset whose create never committed."""
         self.validate_name(name)
         if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
-            raise InvalidRequest(f"older_than must be a timedelta >= 0, got {older_than!r}")
+            raise InvalidRequest(
+                f"older_than must be a timedelta >= 0, got {older_than!r}; give e.g. timedelta(hours=1)"
+            )
         local = self.local_dir(name)
         if local is not None and not os.path.isdir(local):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
@@ -526,7 +544,9 @@ class Store(Tables):
         files are gone can no longer be read. ``retention`` is rounded up to whole hours; a
         retention under 7 days is honoured because passing it is explicit."""
         if not isinstance(retention, dt.timedelta) or retention < dt.timedelta(0):
-            raise InvalidRequest(f"retention must be a timedelta >= 0, got {retention!r}")
+            raise InvalidRequest(
+                f"retention must be a timedelta >= 0, got {retention!r}; give e.g. timedelta(days=7)"
+            )
         table = self.open_table(name)
         try:
             removed = table.vacuum(
@@ -536,7 +556,9 @@ class Store(Tables):
                 full=False,  # "full" would also take staged files of running writes
             )
         except DeltaError as exc:
-            raise InvalidRequest(f"vacuum of dataset {name!r} refused: {exc}") from exc
+            raise InvalidRequest(
+                f"vacuum of dataset {name!r} refused: {exc}; vacuum with a longer retention"
+            ) from exc
         if not dry_run:
             self.remove_empty_dirs(name, removed)
         orphans = self.cleanup_orphans(name, older_than=retention, dry_run=dry_run)

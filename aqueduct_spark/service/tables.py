@@ -225,7 +225,9 @@ class Tables:
         if version is not None and timestamp is not None:
             raise InvalidRequest("give a version or a timestamp to time travel to, not both")
         if version is not None and require_int(version, "version") < 0:
-            raise InvalidRequest(f"version must be >= 0, got {version}")
+            raise InvalidRequest(
+                f"version must be >= 0, got {version}; pick one from aqueduct history {name}"
+            )
         if timestamp is not None:
             if not self.exists(name):
                 raise DatasetNotFound(f"dataset {name!r} does not exist")
@@ -265,7 +267,9 @@ class Tables:
             version = delta_log.version_at(self.filesystem(name), name, _utc(timestamp))
         version = require_int(version, "version")
         if version < 0:
-            raise InvalidRequest(f"version must be >= 0, got {version}")
+            raise InvalidRequest(
+                f"version must be >= 0, got {version}; pick one from aqueduct history {name}"
+            )
         key = (
             name,
             version,
@@ -403,7 +407,9 @@ class Tables:
         ``_WALK_LIMIT`` commits, or where the log was cleaned up, from the loaded table."""
         self.validate_name(name)
         if require_int(version, "version") < 0:
-            raise InvalidRequest(f"version must be >= 0, got {version}")
+            raise InvalidRequest(
+                f"version must be >= 0, got {version}; pick one from aqueduct history {name}"
+            )
         fs = self.filesystem(name)
         walked: list[tuple[Any, ...]] = []
         meta: tuple[pa.Schema, tuple[str, ...], str] | None = None

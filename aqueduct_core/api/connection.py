@@ -62,6 +62,9 @@ class Driver(Protocol):
     def abort(self) -> None:
         """Tear the transport down without waiting (the engine already closed)."""
 
+    # Optionally ``released``: a future done once the transport let go of its socket, for
+    # a transport whose socket outlives abort() (TLS over TCP closes with a round trip).
+
 
 def builtin_codecs() -> dict[str, Codec]:
     return {"cbor": CborCodec((Handle,)), "raw": RawCodec()}
@@ -152,8 +155,12 @@ class Connection:
         await self.wait_closed()
 
     async def wait_closed(self) -> None:
-        """Wait until the connection has ended, for whatever reason."""
+        """Wait until the connection has ended, for whatever reason, and its transport has
+        closed its socket (so an event loop closed next leaks none)."""
         await asyncio.shield(self._closed)
+        released = getattr(self._driver, "released", None)
+        if released is not None:
+            await asyncio.shield(released)
 
     async def wait_ready(self) -> None:
         """Wait until the peer's connection headers arrived (the handshake completed)."""

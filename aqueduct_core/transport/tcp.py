@@ -65,6 +65,8 @@ log = logging.getLogger("aqueduct.transport")
 
 SMALL = 4096
 """Adjacent buffers below this size are joined before TLS (one record, not one each)."""
+CLOSE_GRACE = 2.0
+"""Seconds a closing connection waits for the peer's half of the TLS close, at most."""
 
 
 def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
@@ -135,6 +137,10 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._batch = False
         self._lost = False
+        self.released: asyncio.Future[None] = self._loop.create_future()
+        """Done once the socket is closed (``connection_lost``): ``Connection.wait_closed``
+        awaits it, so a loop that ends right after ``close()`` leaks no socket."""
+        self._linger: asyncio.TimerHandle | None = None
 
     # -- asyncio ------------------------------------------------------------------------
 
@@ -237,6 +243,11 @@ class TcpProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        if not self.released.done():
+            self.released.set_result(None)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         if self.conn is None:
             return  # the TLS handshake never completed
         if self._timer is not None:
@@ -273,10 +284,26 @@ class TcpProtocol(asyncio.BufferedProtocol):
             self._soon = self._loop.call_soon(self._pump)
 
     def abort(self) -> None:
-        """The engine ended: send what the multiplexer holds (its CLOSE), then close."""
+        """The engine ended: send what the multiplexer holds (its CLOSE), then close.
+
+        Closing TLS is a round trip (our close_notify, then the peer's), so the socket
+        outlives the engine by the peer's reply time; a peer that does not answer within
+        :data:`CLOSE_GRACE` is cut off (its CLOSE went out before)."""
         self._pump()
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None or self._lost:
+            return
+        # Never close twice: asyncio's TLS transport forgets its protocol on a second close()
+        # and could then not be aborted.
+        if not transport.is_closing():
+            transport.close()
+        if self._linger is None:
+            self._linger = self._loop.call_later(CLOSE_GRACE, self._cut_off)
+
+    def _cut_off(self) -> None:
+        self._linger = None
+        if self._transport is not None and not self._lost:
+            self._transport.abort()
 
     # -- output -------------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ def start_service(
     log: Path | None = None,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
-    timeout: float = 60,
+    timeout: float = 120,
 ) -> ServiceProcess:
     """Run ``aqueduct serve`` on loopback and wait for its ready line. ``root`` is a
     directory or a URI (``SeaweedS3.root``, with ``args=store.serve_args()``); ``args`` are

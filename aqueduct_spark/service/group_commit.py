@@ -243,6 +243,19 @@ class Snapshots:
         entry.table = table
         return table
 
+    def advance(self, tables: Tables, name: str) -> None:
+        """After a commit through the handle (inside :meth:`table`): bring it to the version
+        committed (deltalake leaves the handle where it was) and offer its snapshot to
+        ``tables``, so that neither the next commit nor the next request (``begin``,
+        ``describe``, a stream's ``offsets``) lists the log again for this commit."""
+        with self._lock:
+            entry = self._latest.get((tables.root, name))
+        if entry is None or entry.table is None:
+            return
+        with entry.lock:  # (re-entered: the committing thread holds it)
+            table = self._refresh(tables, name, entry)
+            tables.offer(name, table)
+
     def filesystem(self, tables: Tables, name: str) -> Any:
         """The dataset's filesystem, as :meth:`Tables.filesystem` (kept: making one for an
         object store costs about 10 ms)."""
@@ -412,6 +425,7 @@ def _commit_batch(
         out.update((i, error) for i in live)
         return None
     version = find_commit(tables, name, before, group_id, fs)
+    SNAPSHOTS.advance(tables, name)
     for i in live:
         own = commit_meta("append", batch[i].adds, group_id)
         out[i] = CommitResult(version, own["rows"], own["bytes"], own["files"], True)

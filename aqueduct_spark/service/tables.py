@@ -330,6 +330,29 @@ class Tables:
             state.key = _file_key(fs.get_file_info(delta_log.commit_path(snap.version)))
             return snap
 
+    def offer(self, name: str, table: DeltaTable) -> None:
+        """A table handle of dataset ``name`` newer than the kept state (a commit was just
+        made through it): its snapshot becomes the kept latest, so the next request does not
+        update the state's own handle (a listing of the log) for that commit. Ignored unless
+        the state is warm and the kept version's commit file is unchanged (the same table);
+        the state's handle catches up from where it was when a newer commit appears."""
+        with self._lock:
+            state = self._states.get(name)
+        if state is None:
+            return
+        with state.lock:
+            snap = state.snapshot
+            if state.table is None or snap is None or table.version() <= snap.version:
+                return
+            fs = self.filesystem(name)
+            here, new = fs.get_file_info(
+                [delta_log.commit_path(snap.version), delta_log.commit_path(table.version())]
+            )
+            if _file_key(here) != state.key or _file_key(new) is None:
+                return
+            state.snapshot = Snapshot.of(table)
+            state.key = _file_key(new)
+
     def forget(self, name: str) -> None:
         """Drop every cached state of dataset ``name`` (after dropping it)."""
         with self._lock:

@@ -174,6 +174,31 @@ def state(store: Store, name: str) -> tables._State:
     return store._states[name]
 
 
+def test_the_latest_version_is_exact_with_other_processes_committing(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """latest_version answers from the kept state (no listing of the log), yet sees every
+    commit another process made, and a dataset dropped and created again by one."""
+    store, other = Store(str(tmp_path)), Store(str(tmp_path))
+    versions(store, "t", 5)
+    assert store.snapshot("t").version == 5  # the state is warm
+
+    def no_listing(*args: object) -> None:
+        raise AssertionError("the log was listed")
+
+    monkeypatch.setattr(tables.os, "listdir", no_listing)
+    monkeypatch.setattr(tables.delta_log, "commit_times", no_listing)
+    assert store.latest_version("t") == 5
+    for expected in (6, 7):
+        write(other, "t", pa.table({"id": [expected], "s": ["x"]}))
+        assert store.latest_version("t") == expected
+    assert state(store, "t").loads == 1
+    monkeypatch.undo()
+    other.drop("t")
+    versions(other, "t", 2)
+    assert store.latest_version("t") == 2
+
+
 def test_the_latest_state_is_kept_and_updated_incrementally(tmp_path) -> None:
     store = Store(str(tmp_path))
     versions(store, "t", 20)
@@ -185,6 +210,11 @@ def test_the_latest_state_is_kept_and_updated_incrementally(tmp_path) -> None:
     write(store, "t", pa.table({"id": [-1], "s": ["new"]}))
     info = store.describe("t")
     assert (info.version, info.rows) == (21, 20 * ROWS + 1)
+    # the state came from the handle the commit was made with: no listing of the log
+    assert (state(store, "t").loads, state(store, "t").updates) == (1, 0)
+    write(Store(str(tmp_path)), "t", pa.table({"id": [-2], "s": ["other"]}))  # another process
+    info = store.describe("t")
+    assert (info.version, info.rows) == (22, 20 * ROWS + 2)
     assert (state(store, "t").loads, state(store, "t").updates) == (1, 1)  # only the new commit
     assert store.describe("t", version=5).rows == 5 * ROWS  # time travel beside it
     assert store.plan("t", version=5).rows == 5 * ROWS

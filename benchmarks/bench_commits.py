@@ -15,7 +15,8 @@ For 1, 2, 4 and 8 writing processes, each a Python client appending one small ta
 rows) at a time to one dataset for ``--seconds``, it counts the appends acknowledged
 (committed), and checks the dataset holds exactly the rows acknowledged: no append lost, none
 doubled. ``commits/s`` is acknowledged appends per second, summed over the writers;
-``versions/s`` the Delta versions made per second.
+``versions/s`` the Delta versions made per second. Where an append's time goes: the median
+duration of each request (``begin``, ``write``, ``commit``) from the service's access log.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +64,19 @@ def writer(url: str, fingerprint: str, dataset: str, seconds: float) -> None:
             acked += 1
             latencies.append(time.perf_counter() - began)
     print(json.dumps({"acked": acked, "failed": failed, "latencies": latencies}), flush=True)
+
+
+_ACCESS_RE = re.compile(r"op=(\w+) dataset=(\S+) .*duration_ms=([\d.]+)")
+
+
+def request_medians(log: Path, dataset: str) -> dict[str, float]:
+    """Median milliseconds per request kind for ``dataset``, from the service's access log."""
+    found: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        m = _ACCESS_RE.search(line)
+        if m and m.group(2) == dataset:
+            found.setdefault(m.group(1), []).append(float(m.group(3)))
+    return {op: statistics.median(ms) for op, ms in found.items()}
 
 
 def run_writers(svc: Any, dataset: str, n: int, seconds: float) -> dict[str, Any]:
@@ -126,22 +142,29 @@ def main(argv: list[str] | None = None) -> int:
         store = start_seaweed(Path(tmp) / "seaweed")
         try:
             for mode, flag in (("grouped", "1"), ("naive", "0")):
+                log = Path(tmp) / f"service-{mode}.log"
                 svc = start_service(
                     f"{store.root}-{mode}",
                     args=store.serve_args(),
                     env={"AQUEDUCT_GROUP_COMMIT": flag},
+                    log=log,
                 )
                 try:
                     results[mode] = []
                     for n in WRITERS:
                         point = run_writers(svc, f"commits_{n}", n, seconds)
                         point["load"] = os.getloadavg()[0]
+                        point["request_ms"] = request_medians(log, f"commits_{n}")
                         results[mode].append(point)
                         print(
                             f"{mode:8s} {n} writers: {point['commits_per_s']:6.1f} commits/s, "
                             f"{point['versions_per_s']:5.1f} versions/s, median append "
                             f"{point['median_latency_s'] or 0:.3f} s, lost {point['lost']} rows, "
-                            f"{point['failed']} failed (load {point['load']:.1f})",
+                            f"{point['failed']} failed (load {point['load']:.1f}); median ms "
+                            + ", ".join(
+                                f"{op} {point['request_ms'].get(op, 0):.0f}"
+                                for op in ("begin", "write", "commit")
+                            ),
                             flush=True,
                         )
                 finally:

@@ -15,45 +15,52 @@ Layers, each usable on its own: :mod:`aqueduct_core.wire` (frames), :mod:`aquedu
 (handles and codecs), :mod:`aqueduct_core.testing` (simulated networks and fakes).
 """
 
-from aqueduct_core.api import (
-    CborCodec,
-    Codec,
-    Connection,
-    Delivery,
-    OneshotReceiver,
-    OneshotSender,
-    RawCodec,
-    Receiver,
-    Sender,
-    channel,
-    oneshot,
-)
-from aqueduct_core.errors import (
-    AqueductError,
-    ChannelCancelled,
-    ChannelClosed,
-    ChannelError,
-    CloseCode,
-    ConnectionLost,
-    DecodeError,
-    EndOfChannel,
-    LocalProtocolError,
-    LostInTransit,
-    ProtocolError,
-    ReceiverDropped,
-    RemoteProtocolError,
-    WouldBlock,
-)
-from aqueduct_core.transport import (
-    ClientTLS,
-    ConnectError,
-    Server,
-    ServerTLS,
-    TransportConfig,
-    connect,
-    make_dev_certificates,
-    serve,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aqueduct_core.api import (
+        CborCodec,
+        Codec,
+        Connection,
+        Delivery,
+        OneshotReceiver,
+        OneshotSender,
+        RawCodec,
+        Receiver,
+        Sender,
+        channel,
+        oneshot,
+    )
+    from aqueduct_core.errors import (
+        AqueductError,
+        ChannelCancelled,
+        ChannelClosed,
+        ChannelError,
+        CloseCode,
+        ConnectionLost,
+        DecodeError,
+        EndOfChannel,
+        LocalProtocolError,
+        LostInTransit,
+        ProtocolError,
+        ReceiverDropped,
+        RemoteProtocolError,
+        WouldBlock,
+    )
+    from aqueduct_core.transport import (
+        ClientTLS,
+        ConnectError,
+        Server,
+        ServerTLS,
+        TransportConfig,
+        connect,
+        make_dev_certificates,
+        serve,
+    )
+else:
+    from aqueduct_core.lazy import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__)
 
 __version__ = "0.1.0"
 

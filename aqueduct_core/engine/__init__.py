@@ -135,24 +135,31 @@ Refinements of the profile found by the soak test
    (the state machine was already destroyed by CLOSE).
 """
 
-from aqueduct_core.engine.config import EngineConfig
-from aqueduct_core.engine.connection import Connection, MemoryReport, NewChannel
-from aqueduct_core.engine.events import (
-    ChannelTerminated,
-    CloseConnection,
-    Command,
-    ConnectionTerminated,
-    Event,
-    HeadersReceived,
-    MessageArrived,
-    ResetStream,
-    SendDatagram,
-    SenderReady,
-    Terminal,
-    WriteStream,
-)
-from aqueduct_core.engine.output import FlowStalls
-from aqueduct_core.engine.sender import Mode, QueuePolicy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aqueduct_core.engine.config import EngineConfig
+    from aqueduct_core.engine.connection import Connection, MemoryReport, NewChannel
+    from aqueduct_core.engine.events import (
+        ChannelTerminated,
+        CloseConnection,
+        Command,
+        ConnectionTerminated,
+        Event,
+        HeadersReceived,
+        MessageArrived,
+        ResetStream,
+        SendDatagram,
+        SenderReady,
+        Terminal,
+        WriteStream,
+    )
+    from aqueduct_core.engine.output import FlowStalls
+    from aqueduct_core.engine.sender import Mode, QueuePolicy
+else:
+    from aqueduct_core.lazy import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "ChannelTerminated",

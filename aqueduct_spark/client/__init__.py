@@ -16,13 +16,20 @@ policy), ``connecting`` (opening a connection within ``connect_timeout``), ``ses
 thread, the connection pool, closing it at exit) and ``blocking`` (:class:`Client`).
 """
 
-from aqueduct_spark.client.aio import AsyncClient
-from aqueduct_spark.client.blocking import Client
-from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
-from aqueduct_spark.client.failures import CannotConnect, ServiceUnreachable
-from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
-from aqueduct_spark.client.retry import RetryPolicy
-from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aqueduct_spark.client.aio import AsyncClient
+    from aqueduct_spark.client.blocking import Client
+    from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
+    from aqueduct_spark.client.failures import CannotConnect, ServiceUnreachable
+    from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
+    from aqueduct_spark.client.retry import RetryPolicy
+    from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
+else:
+    from aqueduct_core.lazy import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "CHUNK_BYTES",

@@ -20,11 +20,13 @@ import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from aqueduct_core.engine import EngineConfig
-from aqueduct_core.engine.config import DEFAULT_WINDOW
-from aqueduct_core.transport import ClientTLS, TransportConfig
-from aqueduct_spark.client import Client, ClientConfig, parse_url
+from aqueduct_core.engine.config import DEFAULT_WINDOW, EngineConfig
+from aqueduct_core.transport.config import TransportConfig
+from aqueduct_core.transport.tls import ClientTLS
+from aqueduct_spark.client.config import ClientConfig
+from aqueduct_spark.client.urls import parse_url
 from aqueduct_spark.datasource.delta_names import DELTA_ANSWERS
 from aqueduct_spark.datasource.option_values import (
     OptionError as OptionError,  # re-exported: where users and modules look for it
@@ -39,6 +41,9 @@ from aqueduct_spark.datasource.option_values import (
     parse_timestamp,
     size_text,
 )
+
+if TYPE_CHECKING:
+    from aqueduct_spark.client.blocking import Client
 
 
 @dataclass(frozen=True)
@@ -390,6 +395,8 @@ class Options:
 
     def client(self) -> Client:
         """A dataset client for these options (its connections are pooled per process)."""
+        from aqueduct_spark.client.blocking import Client  # not needed to check options
+
         return Client(config=self.client_config())
 
     def client_config(self) -> ClientConfig:

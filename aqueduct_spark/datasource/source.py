@@ -3,21 +3,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader
 from pyspark.sql.types import StructType
 
-from aqueduct_spark import protocol as P
-from aqueduct_spark.datasource.changes import AqueductRangeReader, with_change_columns
 from aqueduct_spark.datasource.options import parse
-from aqueduct_spark.datasource.reader import AqueductPushdownReader, AqueductReader
-from aqueduct_spark.datasource.schemas import arrow_to_spark
-from aqueduct_spark.datasource.stream_reader import AqueductStreamReader
-from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
 from aqueduct_spark.datasource.task_errors import surfaced
-from aqueduct_spark.datasource.writer import AqueductWriter
+
+if TYPE_CHECKING:
+    from aqueduct_spark.datasource.stream_reader import AqueductStreamReader
+    from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
+    from aqueduct_spark.datasource.writer import AqueductWriter
+
+# Each hook imports what it uses: Spark builds this class in a fresh Python worker for each
+# read or write, and the options are checked there (a missing cafile, a typo) before
+# pyarrow, the client and the QUIC stack are loaded.
 
 
 def register(spark: Any) -> None:
@@ -46,6 +47,12 @@ class AqueductDataSource(DataSource):
 
     @surfaced
     def schema(self) -> StructType:
+        import pyarrow as pa
+
+        from aqueduct_spark import protocol as P
+        from aqueduct_spark.datasource.changes import with_change_columns
+        from aqueduct_spark.datasource.schemas import arrow_to_spark
+
         opts = self.opts
         info = opts.client().describe(
             opts.dataset, version=opts.version_as_of, timestamp=opts.timestamp_as_of
@@ -67,6 +74,9 @@ class AqueductDataSource(DataSource):
         # The option decides, not the planner worker asking: Spark refuses a reader that
         # overrides pushFilters while spark.sql.python.filterPushdown.enabled is false, so
         # only pushDownPredicate=true gets one (and needs that setting, as documented).
+        from aqueduct_spark.datasource.changes import AqueductRangeReader
+        from aqueduct_spark.datasource.reader import AqueductPushdownReader, AqueductReader
+
         if self.opts.version_range:
             return AqueductRangeReader(self.opts, schema)
         if self.opts.push_down_predicate:
@@ -74,9 +84,13 @@ class AqueductDataSource(DataSource):
         return AqueductReader(self.opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> AqueductWriter:
+        from aqueduct_spark.datasource.writer import AqueductWriter
+
         return AqueductWriter(self.opts, schema, overwrite)
 
     def streamReader(self, schema: StructType) -> AqueductStreamReader:
+        from aqueduct_spark.datasource.stream_reader import AqueductStreamReader
+
         return AqueductStreamReader(self.opts, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> AqueductStreamWriter:
@@ -85,4 +99,6 @@ class AqueductDataSource(DataSource):
         the tasks: that writer begins the batch's transaction, which the tasks stage under.
         The commit runner gets this source pickled (``unpickled`` is true) and builds a writer
         only to commit or abort what the tasks' messages carry: it begins nothing."""
+        from aqueduct_spark.datasource.stream_writer import AqueductStreamWriter
+
         return AqueductStreamWriter(self.opts, schema, overwrite, begin=not self.unpickled)

@@ -34,7 +34,6 @@ from typing import Any, TypeVar
 
 from aqueduct_core.errors import AqueductError
 from aqueduct_spark import protocol as P
-from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.datasource.option_values import OptionError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,6 +81,8 @@ def deferred(exc: BaseException) -> bool:
     raising it: an error of ours that another attempt of the task would meet again. A
     service failure (``InternalError``), a service shutting down (``Unavailable``) and
     connection failures may heal: Spark retries those tasks."""
+    from aqueduct_spark.client.failures import Kind, classify  # only once a task failed
+
     if isinstance(exc, OptionError):
         return True
     if not isinstance(exc, AqueductError) or isinstance(exc, P.InternalError | P.Unavailable):

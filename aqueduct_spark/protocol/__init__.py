@@ -13,65 +13,72 @@ the Arrow payload codec (:mod:`.arrow`) and the filter encoding (:mod:`.filters`
 the names from here: ``from aqueduct_spark import protocol as P``.
 """
 
-from .arrow import (
-    batch_from_payload,
-    batch_header,
-    batch_to_payload,
-    error_header,
-    find_header,
-    ipc_options,
-    schema_from_bytes,
-    schema_to_bytes,
-)
-from .errors import (
-    ERRORS,
-    Conflict,
-    DataLoss,
-    DatasetError,
-    DatasetExists,
-    DatasetNotFound,
-    InternalError,
-    InvalidRequest,
-    PermissionDenied,
-    SchemaMismatch,
-    Unauthenticated,
-    Unavailable,
-    VersionNotFound,
-    error_from_wire,
-    error_to_wire,
-    fail,
-    ok,
-    unwrap,
-)
-from .filters import (
-    BINARY_OPS,
-    NOT,
-    UNARY_OPS,
-    filters_to_expression,
-    predicate_to_expression,
-)
-from .headers import (
-    COMPRESSIONS,
-    H_BATCH,
-    H_COMPRESSION,
-    H_ERROR,
-    H_SCHEMA,
-    H_TOKEN,
-    H_VERSION,
-    MAX_BATCH_BYTES,
-    PROTOCOL_VERSION,
-)
-from .messages import (
-    CHANGE_FIELDS,
-    CommitResult,
-    DatasetInfo,
-    ScanPlan,
-    Split,
-    StagedFile,
-    VersionInfo,
-    require_int,
-    staged_list,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .arrow import (
+        batch_from_payload,
+        batch_header,
+        batch_to_payload,
+        error_header,
+        find_header,
+        ipc_options,
+        schema_from_bytes,
+        schema_to_bytes,
+    )
+    from .errors import (
+        ERRORS,
+        Conflict,
+        DataLoss,
+        DatasetError,
+        DatasetExists,
+        DatasetNotFound,
+        InternalError,
+        InvalidRequest,
+        PermissionDenied,
+        SchemaMismatch,
+        Unauthenticated,
+        Unavailable,
+        VersionNotFound,
+        error_from_wire,
+        error_to_wire,
+        fail,
+        ok,
+        unwrap,
+    )
+    from .filters import (
+        BINARY_OPS,
+        NOT,
+        UNARY_OPS,
+        filters_to_expression,
+        predicate_to_expression,
+    )
+    from .headers import (
+        COMPRESSIONS,
+        H_BATCH,
+        H_COMPRESSION,
+        H_ERROR,
+        H_SCHEMA,
+        H_TOKEN,
+        H_VERSION,
+        MAX_BATCH_BYTES,
+        PROTOCOL_VERSION,
+    )
+    from .messages import (
+        CHANGE_FIELDS,
+        CommitResult,
+        DatasetInfo,
+        ScanPlan,
+        Split,
+        StagedFile,
+        VersionInfo,
+        require_int,
+        staged_list,
+    )
+else:
+    from aqueduct_core.lazy import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
     "BINARY_OPS",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,42 @@ def test_every_documented_default_is_what_parse_gives() -> None:
     for o in OPTIONS:
         if o.default not in unset:
             assert parse({"url": URL, "path": "d", o.name: o.default}) == plain, o.name
+
+
+HEAVY = (
+    "pyarrow",
+    "asyncio",
+    "ssl",
+    "aqueduct_core.engine.connection",
+    "aqueduct_spark.client.blocking",
+    "aioquic",
+    "qh3",
+    "deltalake",
+)
+
+
+def test_options_are_checked_before_anything_heavy_is_imported(tmp_path: Path) -> None:
+    """What Spark's driver worker does for each read or write, in a fresh interpreter:
+    import the source (auto-registration imports ``pyspark_aqueduct``) and build it from
+    the options. A bad option fails before pyarrow, asyncio, the engine, the client or a
+    QUIC library is imported: those imports took 1.4 s of a worker's time on a loaded
+    machine, paid again by every write in a new worker."""
+    missing = tmp_path / "ca.pem"
+    script = f"""
+import sys
+import pyspark.sql.datasource  # the worker has it already
+from pyspark_aqueduct import DefaultSource
+try:
+    DefaultSource({{"url": "{URL}", "path": "d", "cafile": {str(missing)!r}}})
+except Exception as exc:
+    print(type(exc).__name__, exc)
+print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.splitlines()
+    assert out[0].startswith("OptionError option 'cafile'"), out
+    assert out[1] == "[]", f"imported before the option check: {out[1]}"
 
 
 @pytest.mark.spark

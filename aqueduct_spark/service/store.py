@@ -403,21 +403,29 @@ class Store(Tables):
             raise InvalidRequest(
                 f"batch_rows must be positive, got {batch_rows}; leave it out for the default"
             )
-        readers = []
-        pinned: dict[tuple[str, int], tuple[Any, ...]] = {}  # one look-up per version
+        todo: list[tuple[scan.SplitReader, Split]] = []
+        readers: dict[tuple[str, int], scan.SplitReader] = {}  # one look-up per version
         for sp in splits:
             staging.check_relative_path(sp.path)
             key = (sp.dataset, sp.version)
-            if key not in pinned:
+            reader = readers.get(key)
+            if reader is None:
                 schema, parts = self.pinned(*key)
                 cols, out_schema = scan.project(schema, columns)
-                filt = scan.check_filter(schema, filter)
-                pinned[key] = (self.filesystem(sp.dataset), schema, parts, cols, out_schema, filt)
-            fs, schema, parts, cols, out_schema, filt = pinned[key]
-            scan.partition_expression(schema, parts, sp.partition)
-            readers.append((fs, schema, parts, sp, cols, out_schema, filt))
+                reader = readers[key] = scan.SplitReader(
+                    fs=self.filesystem(sp.dataset),
+                    schema=schema,
+                    partition_by=parts,
+                    columns=cols,
+                    out_schema=out_schema,
+                    filter=scan.check_filter(schema, filter),
+                    batch_rows=batch_rows,
+                )
+            if reader.partition_by or sp.partition:
+                scan.partition_expression(reader.schema, reader.partition_by, sp.partition)
+            todo.append((reader, sp))
         first = splits[0]
-        if readers[0][0].get_file_info(first.path).type != pafs.FileType.File:
+        if todo[0][0].fs.get_file_info(first.path).type != pafs.FileType.File:
             raise DataLoss(
                 f"data file {first.path!r} of dataset {first.dataset!r} version {first.version} "
                 "is missing: it was vacuumed or deleted outside the service. Read a later "
@@ -425,17 +433,8 @@ class Store(Tables):
             )
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for fs, schema, parts, sp, cols, out_schema, filt in readers:
-                yield from scan.read_split(
-                    fs=fs,
-                    schema=schema,
-                    partition_by=parts,
-                    split=sp,
-                    columns=cols,
-                    out_schema=out_schema,
-                    filter=filt,
-                    batch_rows=batch_rows,
-                )
+            for reader, sp in todo:
+                yield from reader.read(sp)
 
         return scan.coalesce(batches(), batch_rows) if many else batches()
 

@@ -91,6 +91,11 @@ class Grant:
 
 ANYONE = Grant(token="-", rights=READ_WRITE, datasets=("*",), name="anonymous")
 """What every connection may do when the service has no tokens."""
+_PASS_TOKEN = (
+    "set the 'token' option (Spark), AQUEDUCT_TOKEN, aqueduct --token or "
+    "Client(url, token=...) to a token the service accepts"
+)
+"""How a refused connection passes a token, in each client."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,7 @@ class AccessPolicy:
             return ANYONE
         if presented is None:
             raise P.Unauthenticated(
-                "this service requires a token: set the 'token' option (or AQUEDUCT_TOKEN) "
-                "to one the service accepts"
+                f"this service requires a token, and this connection presented none: {_PASS_TOKEN}"
             )
         found = None
         for grant in self.grants:
@@ -137,8 +141,7 @@ class AccessPolicy:
                 found = grant
         if found is None:
             raise P.Unauthenticated(
-                "this service does not accept the token this connection presented: set the "
-                "'token' option (or AQUEDUCT_TOKEN) to one the service accepts"
+                f"this service does not accept the token this connection presented: {_PASS_TOKEN}"
             )
         return found
 

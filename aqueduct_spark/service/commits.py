@@ -125,10 +125,11 @@ def check_schema(
         predicates.bind(replace_where, current)
     diffs = delta_types.schema_differences(current, given)
     if diffs:
-        fix = "or overwrite with overwrite_schema=True" if mode == "overwrite" else ""
+        fix = ", or overwrite with overwriteSchema (overwrite_schema=True)" * (mode == "overwrite")
         raise SchemaMismatch(
             f"the data does not match the schema of dataset {name!r}: {'; '.join(diffs)}. "
-            f"Cast or rename the columns to match the dataset (see describe) {fix}".rstrip()
+            f"Cast or rename the columns to match the dataset (aqueduct describe {name} shows "
+            f"its schema){fix}"
         )
     return current
 

@@ -237,16 +237,13 @@ class Tables:
         except DeltaError as exc:
             if version is None or not self.exists(name):
                 if isinstance(exc, TableNotFoundError):
-                    raise DatasetNotFound(
-                        f"dataset {name!r} does not exist; create it, or check the name "
-                        "(list datasets)"
-                    ) from exc
+                    raise DatasetNotFound(f"dataset {name!r} does not exist") from exc
                 raise delta_error(name, exc) from exc
             # (a version whose log was cleaned up is "table not found" to deltalake)
             raise VersionNotFound(
                 f"dataset {name!r} has no version {version} (the latest is "
                 f"{self.latest_version(name)}; old versions go when the log is cleaned up); "
-                "pick a version from its history"
+                f"pick one from aqueduct history {name}"
             ) from exc
 
     def snapshot(

@@ -28,14 +28,19 @@ import importlib
 import inspect
 import pickle
 import re
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from test_docs import read, tables, user_visible_exceptions
 
 from aqueduct_core.errors import FIX, AqueductError, says_what_to_do, with_remedy
+from aqueduct_spark.testing import ServiceProcess, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("aqueduct_core", "aqueduct_spark")
@@ -367,3 +372,134 @@ def test_raise_sites_say_what_to_do() -> None:
     assert not problems, "\n".join(problems)
     stale = FOREIGN_ONLY - relied
     assert not stale, f"strike these from FOREIGN_ONLY, they say what to do now: {stale}"
+
+
+def test_the_checks_catch_a_bad_message() -> None:
+    """The rules above can fail: a message of the old kind breaks each of them."""
+    names = internal_names()
+    bad = "Store.__init__ failed in aqueduct_spark.service.tables (tables.py): KeyError: self.x"
+    found = internal_in_text(bad, names)
+    assert {"a module path", "a Python file", "a dunder name", "self."} <= set(found)
+    assert "class Store" in found and "class KeyError" in found
+    assert not says_what_to_do("version must be >= 0, got -1")
+    expression = ast.parse("type(e).__name__", mode="eval").body
+    site = RaiseSite("x.py:1", "InternalError", "failed: {}", (expression,))
+    assert internal_in_values(site) == ["{type(e).__name__}"]
+
+
+# -- 4. end to end: what the command and the Python client show ------------------------------
+
+TOKEN = "catalogue-token"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    svc = start_service(tmp_path_factory.mktemp("catalogue"), token=TOKEN)
+    try:
+        with svc.client() as client:
+            client.write("trips", pa.table({"id": [1, 2], "mode": ["bus", "tram"]}))
+        yield svc
+    finally:
+        svc.stop()
+
+
+@dataclass(frozen=True)
+class Case:
+    cli: tuple[str, ...]
+    token: str | None
+    call: Callable[[Any], Any]
+    happened: str  # a regex of what happened
+    fix: str  # a regex of what to do
+
+
+CASES = {
+    "missing dataset": Case(
+        ("describe", "trps"),
+        TOKEN,
+        lambda c: c.describe("trps"),
+        r"dataset 'trps' does not exist",
+        r"Fix: check the name with aqueduct ls",
+    ),
+    "wrong token": Case(
+        ("ls",),
+        "not-the-token",
+        lambda c: c.list(),
+        r"this service does not accept the token",
+        r"AQUEDUCT_TOKEN, aqueduct --token",
+    ),
+    "no token": Case(
+        ("ls",),
+        None,
+        lambda c: c.list(),
+        r"this service requires a token",
+        r"AQUEDUCT_TOKEN, aqueduct --token",
+    ),
+    "version out of range": Case(
+        ("head", "trips", "--version", "7"),
+        TOKEN,
+        lambda c: c.read("trips", version=7),
+        r"dataset 'trips' has no version 7 \(the latest is 0",
+        r"pick one from aqueduct history trips",
+    ),
+    "negative version": Case(
+        ("head", "trips", "--version", "-1"),
+        TOKEN,
+        lambda c: c.read("trips", version=-1),
+        r"version must be >= 0, got -1",
+        r"pick one from aqueduct history trips",
+    ),
+}
+
+SHOWN_INTERNALS = re.compile(
+    r"Traceback|File \"|\baqueduct_(core|spark)\b|\w\.py\b|__\w+__|\bself\.|object at 0x|"
+    r"\b(DatasetError|DatasetNotFound|VersionNotFound|InvalidRequest|Unauthenticated|"
+    r"AqueductError|ConnectError|KeyError|TypeError|ValueError)\b"
+)
+"""What a user must not see in an error's text: a traceback, a module, a class."""
+
+
+def check_shown(text: str, case: Case) -> None:
+    assert re.search(case.happened, text), f"does not say what happened: {text!r}"
+    assert re.search(case.fix, text), f"does not say what to do: {text!r}"
+    assert text.count(FIX) <= 1, f"the fix is there twice: {text!r}"
+    internal = SHOWN_INTERNALS.search(text)
+    assert internal is None, f"shows {internal.group(0)!r}: {text!r}" if internal else ""
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_command_shows_what_happened_and_the_fix(service: ServiceProcess, name: str) -> None:
+    case = CASES[name]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(Path.home()),
+        "AQUEDUCT_URL": service.url,
+        "AQUEDUCT_FINGERPRINT": service.fingerprint,
+    }
+    if case.token:
+        env["AQUEDUCT_TOKEN"] = case.token
+    done = subprocess.run(
+        [sys.executable, "-m", "aqueduct_spark.cli", *case.cli, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 1, done
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, f"one line, no traceback: {done.stderr}"
+    assert lines[0].startswith(f"aqueduct {case.cli[0]}: "), lines[0]
+    check_shown(lines[0], case)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_python_client_shows_what_happened_and_the_fix(
+    service: ServiceProcess, name: str
+) -> None:
+    case = CASES[name]
+    with service.client(token=case.token) as client, pytest.raises(AqueductError) as caught:
+        case.call(client)
+    check_shown(str(caught.value), case)
+    # nothing of the client's insides chained to it: the traceback ends with this error
+    assert caught.value.__cause__ is None and caught.value.__context__ is None

@@ -406,12 +406,14 @@ class Tables:
         """The table's identity, Delta's ``metaData.id``: fixed when the table is created, so
         a dataset dropped and created again under the same name has another one. Streaming
         offsets carry it (as Delta's source does) to notice a checkpoint of another table.
-        Read from version 0's commit while the log has it (one small file), since the id
-        never changes; else from the latest version."""
-        versions = delta_log.commit_times(self.filesystem(name)) if self.exists(name) else {}
-        if not versions:
+        Read from version 0's commit while the log has it (one small file, cached), since
+        the id never changes; else from the kept latest snapshot. No listing of the log."""
+        if not self.exists(name):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
-        return self.pinned_meta(name, 0 if 0 in versions else max(versions))[2]
+        first = self.filesystem(name).get_file_info(delta_log.commit_path(0))
+        if first.type == pafs.FileType.File:
+            return self.pinned_meta(name, 0)[2]
+        return self.snapshot(name).table_id
 
     def pinned(self, name: str, version: int) -> tuple[pa.Schema, tuple[str, ...]]:
         """Schema and partition columns of one version, cached: a version never changes."""

@@ -83,7 +83,8 @@ def arrow_to_spark(schema: pa.Schema) -> StructType:
         return from_arrow_schema(schema)
     except (TypeError, Exception) as exc:
         raise P.SchemaMismatch(
-            f"the dataset has a column type Spark cannot represent: {exc}"
+            f"the dataset has a column type Spark cannot represent: {exc}; read the other "
+            "columns (option columns), or that one with the Python client"
         ) from exc
 
 

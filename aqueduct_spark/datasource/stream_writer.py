@@ -75,7 +75,8 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
         if batch_only:
             raise OptionError(
                 f"option {batch_only[0]!r} applies to batch writes only; a streaming write "
-                "commits each micro-batch once by itself (its checkpoint is the idempotency key)"
+                "commits each micro-batch once by itself (its checkpoint is the idempotency key); "
+                "drop the option from the streaming write"
             )
         if begin:
             whole = overwrite or opts.overwrite_schema

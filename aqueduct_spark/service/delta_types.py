@@ -66,7 +66,9 @@ def _delta_type(t: pa.DataType, where: str) -> pa.DataType:
         )
     if pa.types.is_struct(t):
         if t.num_fields == 0:
-            raise SchemaMismatch(f"column {where!r} is a struct without fields; Delta needs one")
+            raise SchemaMismatch(
+                f"column {where!r} is a struct without fields, which Delta cannot store; drop the column or give the struct a field"
+            )
         return pa.struct(
             [
                 pa.field(f.name, _delta_type(f.type, f"{where}.{f.name}"), f.nullable)
@@ -86,7 +88,7 @@ def delta_schema(schema: pa.Schema) -> pa.Schema:
             f"expected a pyarrow.Schema, got {type(schema).__name__}; pass e.g. pa.schema([('id', pa.int64())])"
         )
     if len(schema) == 0:
-        raise SchemaMismatch("the schema has no columns; a dataset needs at least one")
+        raise SchemaMismatch("the schema has no columns; give the dataset at least one")
     names = schema.names
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes or "" in names:

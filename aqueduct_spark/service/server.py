@@ -536,7 +536,9 @@ def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     try:
         return batch.select(target.names).cast(target)
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise P.SchemaMismatch(f"cannot deliver the data as the requested schema: {exc}") from exc
+        raise P.SchemaMismatch(
+            f"cannot deliver the data as the requested schema: {exc}; ask for types the dataset's columns cast to (aqueduct describe shows them)"
+        ) from exc
 
 
 async def start(

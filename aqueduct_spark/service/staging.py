@@ -117,7 +117,8 @@ def check_partition_by(schema: pa.Schema, partition_by: Sequence[str]) -> tuple[
     for c in cols:
         if c not in schema.names:
             raise SchemaMismatch(
-                f"partition column {c!r} is not in the schema (columns: {schema.names})"
+                f"partition column {c!r} is not in the schema (columns: {schema.names}); "
+                "partition by columns of the data"
             )
         t = schema.field(c).type
         if not any(ok(t) for ok in _PARTITION_TYPES):
@@ -126,9 +127,13 @@ def check_partition_by(schema: pa.Schema, partition_by: Sequence[str]) -> tuple[
                 "type (integer, string, date, timestamp, boolean, decimal, float)"
             )
     if len(set(cols)) != len(cols):
-        raise SchemaMismatch(f"partition columns {list(cols)} contain duplicates")
+        raise SchemaMismatch(
+            f"partition columns {list(cols)} contain duplicates; name each one once"
+        )
     if len(cols) >= len(schema):
-        raise SchemaMismatch("at least one column must not be a partition column")
+        raise SchemaMismatch(
+            "at least one column must not be a partition column; partition by fewer columns"
+        )
     return cols
 
 

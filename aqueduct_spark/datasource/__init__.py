@@ -10,7 +10,8 @@ Writes (mode append or overwrite; Spark rejects its default mode for Python sour
 
 Every option, with its default, is in :data:`aqueduct_spark.datasource.options.OPTIONS` and
 ``docs/spark-options.md``. Register once per session with :func:`register` (or install the
-package: ``pyspark_aqueduct`` registers it automatically).
+package: ``pyspark_aqueduct`` registers it automatically). Errors reach the driver program
+inside PySpark's exceptions; :func:`aqueduct_error` finds ours there (``.task_errors``).
 
 What runs where (see ``shared/design/spark-datasource-api.md``): options are parsed and the
 service contacted for the schema and the plan on the driver; each partition is one split of
@@ -28,5 +29,6 @@ once), ``schemas`` (Spark <-> Arrow), ``reader`` and ``writer`` (batch), ``strea
 """
 
 from aqueduct_spark.datasource.source import AqueductDataSource, register
+from aqueduct_spark.datasource.task_errors import aqueduct_error
 
-__all__ = ["AqueductDataSource", "register"]
+__all__ = ["AqueductDataSource", "aqueduct_error", "register"]

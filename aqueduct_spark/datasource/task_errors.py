@@ -22,17 +22,22 @@ things put that line first (measured with pyspark 4.3, see ``docs/troubleshootin
   visible, staged files are removed) and raises it, once, where Spark puts it on the first
   line of its error. Failures that may heal (a lost connection) still raise in the task,
   so Spark retries them as before.
+
+PySpark cannot raise our class in the driver program: :func:`aqueduct_error` finds our
+error in PySpark's and rebuilds it, for code that needs to tell a ``Conflict`` from the rest.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from aqueduct_core.errors import AqueductError
+from aqueduct_core.errors import FIX, AqueductError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.datasource.option_values import OptionError
 
@@ -95,3 +100,44 @@ def deferred(exc: BaseException) -> bool:
 def first_error(errors: Iterable[BaseException | None]) -> BaseException | None:
     """The error a failed write reports: the first task's that met one."""
     return next((e for e in errors if e is not None), None)
+
+
+_NAMED = re.compile(r"\b((?:aqueduct_core|aqueduct_spark)(?:\.\w+)+)\.(\w+): (.*)")
+_SPARK_TAIL = re.compile(r"\n SQLSTATE: |\n=== Streaming Query ===")
+
+
+def aqueduct_error(exc: BaseException) -> AqueductError | None:
+    """Our error inside a Spark exception, rebuilt as its class (``Conflict``, ``DataLoss``,
+    ``OptionError``, ...), or None if ``exc`` does not carry one. PySpark raises its own
+    classes in the driver program (``AnalysisException``, ``PythonException``,
+    ``StreamingQueryException``) with ours as a line of their text; this finds that line::
+
+        try:
+            df.write.format("aqueduct").options(**opts).mode("append").save("trips")
+        except Exception as exc:
+            if isinstance(aqueduct_error(exc), Conflict):
+                ...  # written meanwhile: try again
+
+    The message is the text Spark kept (details the service sent with it are not)."""
+    if isinstance(exc, AqueductError):
+        return exc
+    text = str(exc)
+    found = _NAMED.search(text)
+    if found is None:
+        return None
+    module, name, first = found.groups()
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, AqueductError)):
+        return None
+    rest = text[found.end() :]
+    tail = _SPARK_TAIL.search(rest)
+    message = first + (rest[: tail.start()] if tail else rest).rstrip()
+    message = message.removesuffix(f" {FIX} {getattr(cls, 'remedy', '')}")  # str() adds it
+    try:
+        error: AqueductError = cls(message)
+    except TypeError:  # a class built with more than a message
+        return None
+    return error

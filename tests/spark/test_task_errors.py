@@ -16,6 +16,7 @@ import pytest
 
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_spark import protocol as P
+from aqueduct_spark.datasource import aqueduct_error
 from aqueduct_spark.datasource.options import OptionError
 from aqueduct_spark.datasource.task_errors import (
     HIDE_TRACEBACK,
@@ -67,6 +68,8 @@ def test_a_write_task_error_comes_first_once_and_leaves_nothing(
     line = ours_first(text, "InvalidRequest")
     assert text.splitlines()[0].endswith(line)  # on the very first line, after Spark's words
     assert "2.0 MiB" in line and "maxBatchBytes" in line and "--max-batch-bytes" in line
+    found = aqueduct_error(e.value)  # our class, for a program that must tell errors apart
+    assert isinstance(found, P.InvalidRequest) and str(found) == line.split(": ", 1)[1]
     # Failed once: the task handed the error to the driver instead of failing (and being
     # tried again by Spark, local[2,2]).
     failed = [
@@ -90,6 +93,7 @@ def test_a_read_task_error_comes_first(spark: Any, service: ServiceProcess) -> N
         spark.read.format("aqueduct").options(**service.options).load("task_err_r").collect()
     line = ours_first(str(e.value), "DataLoss")
     assert "task_err_r" in line and "is missing" in line
+    assert isinstance(aqueduct_error(e.value), P.DataLoss)
 
 
 @pytest.mark.spark
@@ -118,6 +122,7 @@ def test_a_stream_write_task_error_comes_first(
     line = ours_first(text, "InvalidRequest")
     assert text.splitlines()[0].endswith(line)
     assert "maxBatchBytes" in line
+    assert isinstance(aqueduct_error(e.value), P.InvalidRequest)
     assert service.client().read("task_err_s").column("s").to_pylist() == ["kept"]
 
 
@@ -165,3 +170,51 @@ def test_tracebacks_are_hidden_only_for_our_errors_in_a_spark_worker(
     with pytest.raises(P.DataLoss):
         list(rows(P.DataLoss("gone")))
     assert os.environ[HIDE_TRACEBACK] == "1"
+
+
+SPARK_TEXTS = [
+    (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to commit or abort Python data source write: "
+        "aqueduct_spark.protocol.errors.Conflict: version 7 was written meanwhile; retry\n"
+        " SQLSTATE: 38000",
+        P.Conflict,
+        "version 7 was written meanwhile; retry",
+    ),
+    (
+        "An exception was thrown from the Python worker:\n"
+        "aqueduct_spark.protocol.errors.DataLoss: file f.parquet is missing\n",
+        P.DataLoss,
+        "file f.parquet is missing",
+    ),
+    (
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source"
+        " perform commit: aqueduct_spark.protocol.errors.SchemaMismatch: column s: string\n"
+        "column n: missing\n SQLSTATE: 38000 SQLSTATE: XXKST\n=== Streaming Query ===\n...",
+        P.SchemaMismatch,
+        "column s: string\ncolumn n: missing",
+    ),
+    (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance: "
+        "aqueduct_spark.datasource.option_values.OptionError: option 'cafile' must be absolute",
+        OptionError,
+        "option 'cafile' must be absolute",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "cls", "message"), SPARK_TEXTS)
+def test_our_error_is_found_in_sparks_and_rebuilt_as_its_class(
+    text: str, cls: type, message: str
+) -> None:
+    shown = text.replace(message, str(cls(message)))  # as Spark shows it: str(), remedy too
+    found = aqueduct_error(RuntimeError(shown))
+    assert type(found) is cls and str(found) == str(cls(message))
+    assert found.args[0].rstrip(".") == message  # the remedy is not kept in the message
+
+
+def test_an_error_not_ours_is_not_taken_for_one() -> None:
+    assert aqueduct_error(RuntimeError("[DIVIDE_BY_ZERO] Division by zero.")) is None
+    assert aqueduct_error(RuntimeError("os.errors.Nope: aqueduct_spark.protocol.Nope")) is None
+    conflict = P.Conflict("as raised")
+    assert aqueduct_error(conflict) is conflict

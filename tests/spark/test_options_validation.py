@@ -132,7 +132,10 @@ def test_spark_fails_at_once_naming_the_option_before_any_task(
 ) -> None:
     """Issue 17's acceptance: a missing cafile fails in under 2 s, before any Spark task
     runs. Timed after a valid load, so that the figure is the check's, not the start of
-    Spark's Python worker daemon (seconds on a loaded machine)."""
+    Spark's Python worker daemons: on a session's first read or write Spark starts one fresh
+    interpreter per kind of driver-side worker (data-source lookup, then create or write),
+    seconds each on a loaded machine. The check's own imports are bounded by
+    test_options_are_checked_before_anything_heavy_is_imported."""
     sc = spark.sparkContext
     missing = str(tmp_path / "missing.pem")
     service.client().write("cafile_warmup", pa.table({"n": [1]}))

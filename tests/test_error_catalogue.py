@@ -27,6 +27,7 @@ import builtins
 import functools
 import importlib
 import inspect
+import json
 import pickle
 import re
 import subprocess
@@ -41,7 +42,7 @@ import pytest
 from test_docs import read, tables, user_visible_exceptions
 
 from aqueduct_core.errors import FIX, AqueductError, says_what_to_do, with_remedy
-from aqueduct_spark.testing import ServiceProcess, start_service
+from aqueduct_spark.testing import ServiceProcess, closed_port, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("aqueduct_core", "aqueduct_spark")
@@ -504,3 +505,20 @@ def test_the_python_client_shows_what_happened_and_the_fix(
     check_shown(str(caught.value), case)
     # nothing of the client's insides chained to it: the traceback ends with this error
     assert caught.value.__cause__ is None and caught.value.__context__ is None
+
+
+def test_status_of_a_service_not_there_names_no_class() -> None:
+    """``aqueduct status --json`` printed ``ServiceUnreachable: ...`` as the error."""
+    url = f"tcp://127.0.0.1:{closed_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "aqueduct_spark.cli", "status", url, "--insecure", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
+    assert done.returncode == 1, done
+    error = json.loads(done.stdout)["error"]
+    case = Case((), None, lambda c: None, re.escape(url.removeprefix("tcp://")), r"aqueduct serve")
+    check_shown(error, case)

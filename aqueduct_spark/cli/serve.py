@@ -167,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _run(_serve_forever(spec, banner))
         return 0
     ctx = multiprocessing.get_context("spawn")  # deltalake must not be used across fork
+    held = _hold_port(args.host, port, _transports(args.transport))
     ready = [ctx.Event() for _ in range(args.workers)]
     specs = _worker_specs(spec, args.workers)
     _check_metrics_ports([s["metrics"] for s in specs if s["metrics"]])
@@ -185,6 +186,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return 2  # a startup error, which the worker printed
             raise StartupError("a service worker failed to start; see the log above")
         time.sleep(0.05)
+    for sock in held:  # every worker listens: the port is theirs now
+        sock.close()
     _print_banner(banner)
     stop = {"now": False}
 
@@ -394,6 +397,33 @@ def _metrics_port_error(metrics: dict[str, Any], exc: OSError) -> Exception:
         f"{exc.strerror or exc}; choose another --metrics-port (0: any free port) or "
         "--metrics-host"
     )
+
+
+def _hold_port(host: str, port: int, transports: tuple[str, ...]) -> list[socket.socket]:
+    """Sockets bound to ``port`` with SO_REUSEPORT, held until every worker listens: the
+    workers (same user, SO_REUSEPORT too) join them, no other program can take the port.
+    Without them, the seconds spawned workers take to start (20 s and more on a loaded
+    machine) were a window in which any program's new socket could be given the port (an
+    ephemeral port of a connection, a bind to port 0), and a worker then failed to bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    names = {n.strip() for t in transports for n in t.split(",")}
+    kinds = {"UDP": socket.SOCK_DGRAM} if names & {"quic", "auto"} else {}
+    if names & {"tcp", "auto"}:
+        kinds["TCP"] = socket.SOCK_STREAM
+    held: list[socket.socket] = []
+    for proto, kind in kinds.items():
+        sock = socket.socket(family, kind)
+        held.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if kind == socket.SOCK_STREAM:  # as the workers' listeners (asyncio) set it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            for s in held:
+                s.close()
+            raise listen_error(exc, host, port, proto) from None
+    return held
 
 
 def _free_port(host: str, transports: tuple[str, ...]) -> int:

@@ -4,6 +4,7 @@ service has."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -147,6 +148,61 @@ def test_a_second_service_never_joins_a_used_port(tmp_path: Path) -> None:
         c.create("still-mine", pa.schema([("id", pa.int64())]))  # the first one serves on
     finally:
         first.stop()
+
+
+def _spawned_workers(lock: Path) -> bool:
+    """Whether the process holding a flock on ``lock`` (found in /proc/locks: taking the lock
+    to find out would race with it) has started child processes (its workers)."""
+    try:
+        inode = lock.stat().st_ino
+    except FileNotFoundError:
+        return False
+    with open("/proc/locks") as locks:
+        pids = [ln.split()[4] for ln in locks if "FLOCK" in ln and f":{inode} " in ln]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+                return True
+    return False
+
+
+def test_starting_workers_keep_their_port_from_other_programs(tmp_path: Path) -> None:
+    """--workers 2 claims the port, then spawns workers that bind it seconds later (20 s and
+    more under load). Another program asking for that port meanwhile (a connection's
+    ephemeral port, a bind to 0) must not get it: the workers would then fail to bind. The
+    flaky test_several_worker_processes_share_one_port, made deterministic."""
+    import threading
+
+    from aqueduct_spark.service.startup import _lock_path
+    from aqueduct_spark.testing import closed_port
+
+    port = closed_port()
+    lock = Path(_lock_path("127.0.0.1", port))
+    started: list[ServiceProcess] = []
+    thread = threading.Thread(
+        target=lambda: started.append(start_service(tmp_path / "root", port=port, workers=2))
+    )
+    thread.start()
+    stolen: list[str] = []
+    try:
+        while thread.is_alive() and not stolen:
+            if not _spawned_workers(lock):
+                continue  # the window that matters: workers spawned, not yet listening
+            for kind, proto in ((socket.SOCK_DGRAM, "UDP"), (socket.SOCK_STREAM, "TCP")):
+                with socket.socket(socket.AF_INET, kind) as other:
+                    try:
+                        other.bind(("127.0.0.1", port))
+                    except OSError:
+                        continue
+                    stolen.append(proto)
+        thread.join(180)
+        assert stolen == [], f"another program got the claimed port over {stolen}"
+        (svc,) = started
+        svc.client().create("served", pa.schema([("id", pa.int64())]))
+    finally:
+        thread.join(180)
+        for svc in started:
+            svc.stop()
 
 
 def test_a_port_held_by_another_program_is_refused(tmp_path: Path) -> None:

@@ -134,22 +134,6 @@ def test_serve_refuses_a_local_root_it_cannot_write(tmp_path: Path) -> None:
     assert "cannot write to the root" in err and "--root" in err
 
 
-def test_a_second_service_never_joins_a_used_port(tmp_path: Path) -> None:
-    first = start_service(tmp_path / "one", workers=2)
-    try:
-        port = first.port
-        # the same flags would set SO_REUSEPORT too, and the kernel would let it join
-        code, err = serve_fails(
-            "--root", str(tmp_path / "two"), "--port", str(port), "--workers", "2"
-        )
-        assert code == 2, err
-        assert f"port {port}" in err and len(err.strip().splitlines()) == 1, err
-        c = first.client()
-        c.create("still-mine", pa.schema([("id", pa.int64())]))  # the first one serves on
-    finally:
-        first.stop()
-
-
 def _spawned_workers(lock: Path) -> bool:
     """Whether the process holding a flock on ``lock`` (found in /proc/locks: taking the lock
     to find out would race with it) has started child processes (its workers)."""
@@ -166,11 +150,12 @@ def _spawned_workers(lock: Path) -> bool:
     return False
 
 
-def test_starting_workers_keep_their_port_from_other_programs(tmp_path: Path) -> None:
+def test_no_other_program_or_service_gets_the_port_of_several_workers(tmp_path: Path) -> None:
     """--workers 2 claims the port, then spawns workers that bind it seconds later (20 s and
     more under load). Another program asking for that port meanwhile (a connection's
-    ephemeral port, a bind to 0) must not get it: the workers would then fail to bind. The
-    flaky test_several_worker_processes_share_one_port, made deterministic."""
+    ephemeral port, a bind to 0) must not get it: the workers would then fail to bind (the
+    flaky test_several_worker_processes_share_one_port, made deterministic). Once it runs,
+    a second service with the same flags must not join it through SO_REUSEPORT."""
     import threading
 
     from aqueduct_spark.service.startup import _lock_path
@@ -180,7 +165,7 @@ def test_starting_workers_keep_their_port_from_other_programs(tmp_path: Path) ->
     lock = Path(_lock_path("127.0.0.1", port))
     started: list[ServiceProcess] = []
     thread = threading.Thread(
-        target=lambda: started.append(start_service(tmp_path / "root", port=port, workers=2))
+        target=lambda: started.append(start_service(tmp_path / "one", port=port, workers=2))
     )
     thread.start()
     stolen: list[str] = []
@@ -197,8 +182,15 @@ def test_starting_workers_keep_their_port_from_other_programs(tmp_path: Path) ->
                     stolen.append(proto)
         thread.join(180)
         assert stolen == [], f"another program got the claimed port over {stolen}"
-        (svc,) = started
-        svc.client().create("served", pa.schema([("id", pa.int64())]))
+        (first,) = started
+        # the same flags would set SO_REUSEPORT too, and the kernel would let it join
+        code, err = serve_fails(
+            "--root", str(tmp_path / "two"), "--port", str(port), "--workers", "2"
+        )
+        assert code == 2, err
+        assert f"port {port}" in err and len(err.strip().splitlines()) == 1, err
+        c = first.client()
+        c.create("still-mine", pa.schema([("id", pa.int64())]))  # the first one serves on
     finally:
         thread.join(180)
         for svc in started:

@@ -9,6 +9,10 @@ import sys
 import pytest
 
 
+# Slow (4 min at load 12: its own Spark and service, a million rows). The fast suite runs the
+# same path, smaller: the quickstart notebook (tests/test_notebooks.py: start_service, Spark
+# writes, a filtered read, a stream), and the demo's no-Java check below.
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(600)
 def test_demo_runs_end_to_end() -> None:

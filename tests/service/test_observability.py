@@ -214,6 +214,10 @@ def test_health_answers_and_unknown_paths_do_not(
         assert refused.value.code == 405
 
 
+# Slow (two workers spawned: 26 s at load 12). The fast suite has the port arithmetic
+# (test_worker_i_gets_metrics_port_plus_i), metrics of one worker (test_metrics_move_during_a_write)
+# and two workers serving one port (test_service.py::test_several_worker_processes_share_one_port).
+@pytest.mark.slow
 def test_each_worker_serves_its_own_metrics_port(tmp_path: Path) -> None:
     log = tmp_path / "workers.log"
     flags = ["--metrics-port", "0", "--log-format", "json"]

@@ -4,7 +4,11 @@ streaming query reads its source through a second process while its sink commits
 third, and the source's process is SIGKILLed mid-run. Every row lands exactly once, nothing
 uncommitted is visible, and the query finishes on the survivors.
 
-The short form runs in the fast suite; the long form (more rows, a longer run) is slow."""
+Both forms are slow (the short one a minute at load 12: three services, SeaweedFS, Spark). The
+fast suite covers the parts: two processes over one s3:// root (tests/service/test_push_across.py),
+a service over s3:// (test_s3_root.py), endpoint lists tried in order and the next address
+after a dead one (tests/client/test_client_urls.py, test_unreachable.py), and streams exactly
+once across restarts (tests/spark/test_streaming.py)."""
 
 from __future__ import annotations
 
@@ -106,6 +110,7 @@ def run(
     print(f"\nscale-out: {size * 10} batch rows; {len(want)} streamed rows exactly once")
 
 
+@pytest.mark.slow
 def test_three_services_one_root_spark_and_a_kill(
     spark: Any, seaweed: SeaweedS3, three: list[ServiceProcess], tmp_path: Path
 ) -> None:

@@ -73,6 +73,11 @@ def markers(tmp_path: Path) -> Path:
     return path
 
 
+# Slow (3 min at load 12: a second Spark driver process and JVM, killed and started again).
+# The fast suite keeps what it proves without the kill: test_streaming.py's
+# test_a_replayed_batch_is_not_written_twice (a batch replayed after a crash commits once)
+# and test_restart_from_the_checkpoint_after_stop_loses_and_repeats_nothing.
+@pytest.mark.slow
 def test_driver_killed_mid_batch_then_restarted_writes_every_row_exactly_once(
     spark: Any, service: ServiceProcess, tmp_path: Path, markers: Path
 ) -> None:

@@ -32,7 +32,11 @@ class Reads(Session):
         timestamp: Any = None,
         split_bytes: int | None = None,
         open_cost: int | None = None,
+        min_tasks: int | None = None,
     ) -> Plan:
+        """Pin a version and plan its scan: splits, and the tasks they are packed into (of
+        about ``split_bytes``, each split counted ``open_cost`` larger; a small table spread
+        over ``min_tasks``, the cores that will read it). None: the service's defaults."""
         r = await self.call(
             "plan",
             dataset=name,
@@ -42,6 +46,7 @@ class Reads(Session):
             timestamp=timestamp,
             split_bytes=split_bytes,
             open_cost=open_cost,
+            min_tasks=min_tasks,
         )
         return Plan(
             r["dataset"],

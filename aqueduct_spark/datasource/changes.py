@@ -23,7 +23,7 @@ from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
 from aqueduct_spark.datasource.options import Options
-from aqueduct_spark.datasource.reader import SplitPartition
+from aqueduct_spark.datasource.reader import SplitPartition, driver_cores
 from aqueduct_spark.datasource.schemas import arrow_to_spark, spark_to_arrow
 from aqueduct_spark.datasource.stream_offsets import DataChanged
 from aqueduct_spark.datasource.task_errors import surfaced
@@ -80,21 +80,12 @@ class FilesPartition(SplitPartition):
 
 def pack(opts: Options, splits: list[dict[str, Any]], schema: pa.Schema) -> list[FilesPartition]:
     """Whole files packed into partitions of about ``splitSize`` bytes, in order, each file
-    counted ``fileOpenCost`` bytes larger (as the service packs a batch plan's tasks)."""
+    counted ``fileOpenCost`` bytes larger, a small batch spread over the driver's cores (as
+    the service packs a batch plan's tasks: :func:`~aqueduct_spark.protocol.pack_tasks`)."""
     wire, columns = P.schema_to_bytes(schema), tuple(schema.names)
-    out: list[FilesPartition] = []
-    group: list[dict[str, Any]] = []
-    size = 0
-    for split in splits:
-        cost = int(split["bytes"]) + opts.file_open_cost
-        if group and size + cost > opts.split_size:
-            out.append(FilesPartition(opts, group, wire, columns))
-            group, size = [], 0
-        group.append(split)
-        size += cost
-    if group:
-        out.append(FilesPartition(opts, group, wire, columns))
-    return out
+    sizes = [int(split["bytes"]) for split in splits]
+    tasks = P.pack_tasks(sizes, opts.split_size, opts.file_open_cost, driver_cores())
+    return [FilesPartition(opts, [splits[i] for i in task], wire, columns) for task in tasks]
 
 
 class AqueductRangeReader(DataSourceReader):

@@ -173,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
         "Comma-separated columns to read (Spark cannot prune Python sources; this cuts data at the service).",
     ),
     Option("splitSize", "128MB", "read", "Target bytes per Spark partition (small files packed)."),
-    Option("fileOpenCost", "1MB", "read", "Bytes each file adds when packing (openCostInBytes)."),
+    Option("fileOpenCost", "64KB", "read", "Bytes each file adds when packing (openCostInBytes)."),
     Option("batchRows", "65536", "read", "Rows per Arrow batch sent by the service."),
     Option(
         "pushDownPredicate",

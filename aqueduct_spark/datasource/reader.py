@@ -1,7 +1,8 @@
 """Batch reads: the driver plans one partition per task of one pinned dataset version (the
 service packs small files into tasks of about ``splitSize``, each file counted with
-``fileOpenCost`` more, and splits large files by row groups); each executor reads its task's
-splits with one scan, as Arrow batches already cast to Spark's schema by the service.
+``fileOpenCost`` more, a small table spread evenly over the driver's cores, and splits large
+files by row groups); each executor reads its task's splits with one scan, as Arrow batches
+already cast to Spark's schema by the service.
 
 Two readers, because Spark 4.3 refuses a reader that overrides ``pushFilters`` unless
 ``spark.sql.python.filterPushdown.enabled`` is true: :class:`AqueductReader` pushes nothing,
@@ -10,6 +11,7 @@ and :class:`AqueductPushdownReader` is the one the option ``pushDownPredicate=tr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -81,6 +83,7 @@ class AqueductReader(DataSourceReader):
             timestamp=opts.timestamp_as_of,
             split_bytes=opts.split_size,
             open_cost=opts.file_open_cost,
+            min_tasks=driver_cores(),
         )
         check_user_schema(target, plan.schema, opts.dataset)
         schema = P.schema_to_bytes(target)
@@ -104,6 +107,16 @@ class AqueductReader(DataSourceReader):
             filter=list(partition.filters) if partition.filters else None,
             batch_rows=partition.opts.batch_rows,
         )
+
+
+def driver_cores() -> int:
+    """The cores of the machine that plans the read: the parallelism a small table is spread
+    over, as Spark's ``minPartitionNum`` defaults to its default parallelism (which a Python
+    data source cannot see; under ``local[*]`` they are the same)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 class AqueductPushdownReader(AqueductReader):

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         Split,
         StagedFile,
         VersionInfo,
+        pack_tasks,
         require_int,
         staged_list,
     )
@@ -124,6 +125,7 @@ __all__ = [
     "find_header",
     "ipc_options",
     "ok",
+    "pack_tasks",
     "predicate_to_expression",
     "require_int",
     "schema_from_bytes",

@@ -196,6 +196,37 @@ class ScanPlan:
         }
 
 
+def pack_tasks(
+    sizes: Sequence[int], target_bytes: int, open_cost: int, min_tasks: int = 1
+) -> list[tuple[int, ...]]:
+    """Splits of the given byte ``sizes`` grouped into tasks: indexes, consecutive, each split
+    in exactly one task, a task always with at least one (how a plan's ``tasks`` are made).
+
+    A split costs its bytes plus ``open_cost``, and a task at most ``target_bytes`` (Spark's
+    ``maxPartitionBytes`` and ``openCostInBytes``). There are as many tasks as that needs, but
+    at least ``min_tasks`` (the cores that will read them, as Spark's ``minPartitionNum``), and
+    they share the cost evenly: 2,000 small files in two tasks are 1,000 each, not 1,950 and
+    50, and a table too small to fill the cores is spread over them rather than left in one."""
+    costs = [size + open_cost for size in sizes]
+    total = sum(costs)
+    target = max(1, target_bytes)
+    share = total / max(1, min_tasks, -(-total // target))  # each task's even share
+    tasks: list[tuple[int, ...]] = []
+    group: list[int] = []
+    cost = before = 0
+    for i, c in enumerate(costs):
+        # close the task at the target, or where this split's middle passes the task's share
+        if group and (cost + c > target or before + cost + c / 2 > share * (len(tasks) + 1)):
+            tasks.append(tuple(group))
+            before += cost
+            group, cost = [], 0
+        group.append(i)
+        cost += c
+    if group:
+        tasks.append(tuple(group))
+    return tasks
+
+
 @dataclass(frozen=True)
 class StagedFile:
     """A Parquet file a write task staged; invisible until a commit names it.

@@ -121,6 +121,7 @@ class Operations:
             filter=P.filters_to_expression(req.get("filters")),
             split_bytes=field(req, "split_bytes", int, None) or self.split_bytes,
             **({} if req.get("open_cost") is None else {"open_cost": field(req, "open_cost", int)}),
+            min_tasks=field(req, "min_tasks", int, None) or 1,
         )
         return plan.to_wire()
 

@@ -3,11 +3,12 @@
 A plan pins one table version. Every file of that version is a split, or several when it is
 larger than ``split_bytes`` (consecutive row groups, by compressed size). Files are skipped when
 the filter cannot match any of their rows, judged from the partition values and statistics in
-the Delta log, never from the data. Splits are then packed into *tasks* (:func:`pack`, the idea
-of Spark's ``maxPartitionBytes`` and ``openCostInBytes``): consecutive splits share a task while
-their bytes, each counted with ``open_cost`` more for opening it, stay within ``split_bytes``.
-So 2,000 small files of a streamed table are a few dozen tasks, not 2,000; a task is scanned
-in one request (:func:`coalesce` merges its small batches).
+the Delta log, never from the data. Splits are then packed into *tasks* (:func:`~aqueduct_spark.protocol.pack_tasks`, the idea
+of Spark's ``maxPartitionBytes``, ``openCostInBytes`` and ``minPartitionNum``): consecutive
+splits share a task while their bytes, each counted with ``open_cost`` more for opening it,
+stay within ``split_bytes``, and a small table is spread evenly over ``min_tasks``. So 2,000
+small files of a streamed table are a few tasks, not 2,000; a task is scanned in one request
+(:func:`coalesce` merges its small batches).
 
 Skipping uses pyarrow's own expression simplification: each file becomes a fragment whose
 ``partition_expression`` is a *guarantee* that holds for every row of the file, and
@@ -274,25 +275,6 @@ def plan_splits(
             for ids, rows, size in groups
         )
     return splits
-
-
-def pack(splits: Sequence[Split], target_bytes: int, open_cost: int) -> list[tuple[int, ...]]:
-    """Consecutive splits grouped into tasks (indexes into ``splits``): a split costs its bytes
-    plus ``open_cost``, and a task takes splits while its cost stays within ``target_bytes``
-    (always at least one). Consecutive, in the plan's order."""
-    tasks: list[tuple[int, ...]] = []
-    group: list[int] = []
-    cost = 0
-    for i, split in enumerate(splits):
-        c = split.bytes + open_cost
-        if group and cost + c > target_bytes:
-            tasks.append(tuple(group))
-            group, cost = [], 0
-        group.append(i)
-        cost += c
-    if group:
-        tasks.append(tuple(group))
-    return tasks
 
 
 def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:

@@ -59,11 +59,26 @@ def test_small_files_are_packed_by_bytes(many: tuple[Store, pa.Table]) -> None:
         cost = sum(plan.splits[i].bytes + (4 << 10) for i in task)
         assert cost <= 64 << 10 or len(task) == 1
     assert len(plan.tasks) <= -(-300 // per_task)
-    # the default open cost (1 MiB) against the default target (128 MiB): 127 files a task
-    default = store.plan("many")
-    assert [len(t) for t in default.tasks or ()] == [127, 127, 46]
+    # the default open cost (64 KiB) against the default target (128 MiB): one task of all
+    assert [len(t) for t in store.plan("many").tasks or ()] == [300]
+    # 1 MiB a file: 3 tasks' worth, shared evenly (not 127, 127 and 46)
+    assert [len(t) for t in store.plan("many", open_cost=1 << 20).tasks or ()] == [100] * 3
     # an open cost as large as the target: one file a task, as before tasks existed
     assert len(store.plan("many", split_bytes=1 << 20, open_cost=1 << 20).tasks or ()) == 300
+
+
+def test_a_small_table_is_spread_evenly_over_min_tasks(many: tuple[Store, pa.Table]) -> None:
+    store, _ = many
+    plan = store.plan("many", min_tasks=4)  # as Spark spreads a small table over its cores
+    assert [len(t) for t in plan.tasks or ()] == [75] * 4
+    assert [i for t in plan.tasks or () for i in t] == list(range(300))
+    # the target still caps a task: more tasks than min_tasks when the table needs them
+    capped = store.plan("many", min_tasks=2, split_bytes=64 << 10, open_cost=4 << 10)
+    assert len(capped.tasks or ()) > 2
+    # never more tasks than splits
+    assert len(store.plan("many", min_tasks=10_000).tasks or ()) == 300
+    with pytest.raises(InvalidRequest, match="min_tasks must be at least 1, got 0"):
+        store.plan("many", min_tasks=0)
 
 
 def test_a_task_reads_every_row_once_in_merged_batches(many: tuple[Store, pa.Table]) -> None:

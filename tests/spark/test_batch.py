@@ -31,6 +31,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from aqueduct_spark.datasource.reader import driver_cores
 from aqueduct_spark.testing import ServiceProcess
 
 pytestmark = pytest.mark.spark
@@ -342,12 +343,16 @@ def test_many_small_splits_and_a_few_large_ones(spark: Any, service: ServiceProc
     write(many, service, "many_splits", mode="overwrite")
     few = numbers(spark, 400_000, partitions=2)  # 2 large files
     write(few, service, "few_splits", mode="overwrite")
-    got_many = read(spark, service, "many_splits", splitSize="1MB")
+    got_many = read(spark, service, "many_splits", splitSize="1MB", fileOpenCost="1MB")
     got_few = read(spark, service, "few_splits", splitSize="1GB")
-    packed = read(spark, service, "many_splits")  # 128MB, each file counted 1MB more
+    packed = read(spark, service, "many_splits")  # 128MB, each file counted 64KB more
+    cores = driver_cores()
     assert got_many.rdd.getNumPartitions() == 24  # each file over 1MB with its open cost
-    assert got_few.rdd.getNumPartitions() == 1  # both files packed into one partition
-    assert packed.rdd.getNumPartitions() == 1
+    # far below the target: spread over the driver's cores (as Spark's minPartitionNum)
+    assert got_few.rdd.getNumPartitions() == min(2, cores)
+    assert packed.rdd.getNumPartitions() == min(24, cores)
+    sizes = [len(p) for p in packed.rdd.glom().collect()]
+    assert max(sizes) - min(sizes) <= 20_000 // 24 + 1  # evenly: files differ by one at most
     apart = read(spark, service, "few_splits", splitSize="1GB", fileOpenCost="1GB")
     assert apart.rdd.getNumPartitions() == 2  # a file as costly as the target: one each
     assert_df_equality(got_many, many, ignore_row_order=True)

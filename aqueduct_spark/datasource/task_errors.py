@@ -13,7 +13,8 @@ things put that line first (measured with pyspark 4.3, see ``docs/troubleshootin
   exception and which ends with the worker (a worker exits after a failed hook). Only where
   Spark simplifies tracebacks, its default: with
   ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled=false`` the whole
-  traceback shows, and outside a Spark worker nothing changes.
+  traceback shows (except from a streaming source's driver-side runner, which Spark never
+  tells), and outside a Spark worker nothing changes.
 - :func:`deferred`: a write task that meets an error no retry can heal (a row over the
   message limit, a refused request) does not raise it. Spark would retry the task (up to
   ``spark.task.maxFailures`` times, each failing alike) and report the last attempt under
@@ -34,6 +35,7 @@ import importlib
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -49,10 +51,18 @@ SIMPLIFIED_TRACEBACK = "SPARK_SIMPLIFIED_TRACEBACK"
 """Set by Spark in its Python workers while ``...udf.simplifiedTraceback.enabled`` is true."""
 
 
+SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+"""The driver-side process of a streaming source, which Spark starts without
+``SPARK_SIMPLIFIED_TRACEBACK`` whatever the setting (pyspark 4.3)."""
+
+
 def hide_traceback(exc: BaseException) -> None:
     """Let Spark show ``exc`` as its class and message only, if it is one of ours and this
-    process is a Spark worker that simplifies tracebacks."""
-    if isinstance(exc, AqueductError) and os.environ.get(SIMPLIFIED_TRACEBACK):
+    process is a Spark worker that simplifies tracebacks (or a streaming source's runner,
+    which never does)."""
+    if not isinstance(exc, AqueductError):
+        return
+    if os.environ.get(SIMPLIFIED_TRACEBACK) or SOURCE_RUNNER in sys.modules:
         os.environ[HIDE_TRACEBACK] = "1"
 
 

@@ -8,6 +8,8 @@ files deleted under a planned read (DataLoss) in a read task."""
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from aqueduct_spark.datasource.options import OptionError
 from aqueduct_spark.datasource.task_errors import (
     HIDE_TRACEBACK,
     SIMPLIFIED_TRACEBACK,
+    SOURCE_RUNNER,
     deferred,
     surfaced,
 )
@@ -102,6 +105,7 @@ def test_a_stream_write_task_error_comes_first(
     spark: Any, service: ServiceProcess, tmp_path: Path
 ) -> None:
     service.client().write("task_err_s", pa.table({"id": [0], "s": ["kept"]}))
+    before = parquet_files(service, "task_err_s")
     query = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", 5)
@@ -124,6 +128,7 @@ def test_a_stream_write_task_error_comes_first(
     assert "maxBatchBytes" in line
     assert isinstance(aqueduct_error(e.value), P.InvalidRequest)
     assert service.client().read("task_err_s").column("s").to_pylist() == ["kept"]
+    assert parquet_files(service, "task_err_s") == before  # the batch's staged files went
 
 
 def test_only_errors_no_retry_heals_wait_for_the_commit() -> None:
@@ -169,6 +174,13 @@ def test_tracebacks_are_hidden_only_for_our_errors_in_a_spark_worker(
     assert HIDE_TRACEBACK not in os.environ
     with pytest.raises(P.DataLoss):
         list(rows(P.DataLoss("gone")))
+    assert os.environ[HIDE_TRACEBACK] == "1"
+    # A streaming source's runner: Spark never sets SIMPLIFIED_TRACEBACK there.
+    monkeypatch.delenv(HIDE_TRACEBACK)
+    monkeypatch.delenv(SIMPLIFIED_TRACEBACK)
+    monkeypatch.setitem(sys.modules, SOURCE_RUNNER, types.ModuleType(SOURCE_RUNNER))
+    with pytest.raises(P.Conflict):
+        hook(P.Conflict("in the runner"))
     assert os.environ[HIDE_TRACEBACK] == "1"
 
 

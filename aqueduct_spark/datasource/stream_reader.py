@@ -200,7 +200,9 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _changed(self, old: str, new: str | None) -> SourceTableChanged:
         name = self.opts.dataset
-        if old in self._seen_ids:
+        if old in self._seen_ids and new is None:
+            what = f"dataset {name!r} was dropped while this query read it (table id {old})"
+        elif old in self._seen_ids:
             what = (
                 f"dataset {name!r} was dropped and created again while this query read it "
                 f"(table id {old}, now {new})"
@@ -432,7 +434,17 @@ class AqueductStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._table_id
 
     def _poll(self) -> None:
-        self._saw_table(self._client.offsets(self.opts.dataset, since_version=self._latest + 1))
+        try:
+            answer = self._client.offsets(self.opts.dataset, since_version=self._latest + 1)
+        except P.DatasetNotFound:
+            if self._table_id is None:
+                raise  # never there: the name is wrong
+            # Dropped under the query (and perhaps about to be created again): no new data
+            # from it; unless failOnDataLoss=false waits for the next table, the query fails.
+            if self.opts.fail_on_data_loss:
+                raise self._changed(self._table_id, None) from None
+            return
+        self._saw_table(answer)
 
     def _saw_table(self, answer: dict[str, Any]) -> str | None:
         """Take the latest version and table id of an ``offsets`` answer."""

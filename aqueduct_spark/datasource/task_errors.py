@@ -62,8 +62,14 @@ def hide_traceback(exc: BaseException) -> None:
     which never does)."""
     if not isinstance(exc, AqueductError):
         return
-    if os.environ.get(SIMPLIFIED_TRACEBACK) or SOURCE_RUNNER in sys.modules:
+    if os.environ.get(SIMPLIFIED_TRACEBACK) or _in_source_runner():
         os.environ[HIDE_TRACEBACK] = "1"
+
+
+def _in_source_runner() -> bool:
+    """Whether this process is a streaming source's runner (Spark runs it as ``python -m``)."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", None) == SOURCE_RUNNER
 
 
 def surfaced(hook: F) -> F:

@@ -7,6 +7,7 @@ files deleted under a planned read (DataLoss) in a read task."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import sys
 import types
@@ -178,7 +179,9 @@ def test_tracebacks_are_hidden_only_for_our_errors_in_a_spark_worker(
     # A streaming source's runner: Spark never sets SIMPLIFIED_TRACEBACK there.
     monkeypatch.delenv(HIDE_TRACEBACK)
     monkeypatch.delenv(SIMPLIFIED_TRACEBACK)
-    monkeypatch.setitem(sys.modules, SOURCE_RUNNER, types.ModuleType(SOURCE_RUNNER))
+    runner = types.ModuleType("__main__")
+    runner.__spec__ = importlib.machinery.ModuleSpec(SOURCE_RUNNER, None)  # python -m runner
+    monkeypatch.setitem(sys.modules, "__main__", runner)
     with pytest.raises(P.Conflict):
         hook(P.Conflict("in the runner"))
     assert os.environ[HIDE_TRACEBACK] == "1"

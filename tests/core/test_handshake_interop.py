@@ -154,6 +154,11 @@ class LoopLag:
         self._task.cancel()
 
 
+# Slow: a timing figure, which a loaded machine breaks (p99 269-274 ms for aioquic clients at
+# load 12 in the fast suite, median 50 ms). The defect it guards (an aioquic client waiting
+# out its probe timeout for a qh3 server) is caught without a clock by
+# test_every_pair_completes_the_handshake_in_one_round_trip, which stays fast.
+@pytest.mark.slow
 @pytest.mark.quic
 @pytest.mark.parametrize(("client", "server"), PAIRS)
 def test_100_connects_per_backend_pair_none_fails_p99_under_200_ms(

@@ -33,11 +33,11 @@ class Restartable:
         self.root = root
         self.services = [start_service(root)]
 
-    def client(self, transport: str = "quic") -> Client:
-        """A client with default options (only the certificate pinned)."""
+    def client(self, transport: str = "quic", **options: Any) -> Client:
+        """A client with default options (only the certificate pinned), or ``options``."""
         svc = self.services[0]
         url = svc.url.replace("quic://", f"{transport}://")
-        return Client(url, tls=ClientTLS(fingerprint=svc.fingerprint))
+        return Client(url, tls=ClientTLS(fingerprint=svc.fingerprint), **options)
 
     def kill(self) -> None:
         self.services[-1].kill()
@@ -119,8 +119,9 @@ def test_a_request_made_while_the_service_restarts_waits_for_it(
 ) -> None:
     """A client that reached the service before presumes it restarts: a request made while
     nothing listens waits for it (up to the request timeout) instead of failing within the
-    connect_timeout meant for a service that was never there."""
-    client = restartable.client()
+    connect_timeout meant for a service that was never there. (A 3 s connect_timeout, not
+    the default 15 s: the service stays away longer than it either way, 12 s sooner.)"""
+    client = restartable.client(connect_timeout=3.0)
     client.write("t", pa.table({"n": list(range(5))}))
     restartable.kill()
     answered: list[Any] = []
@@ -132,4 +133,4 @@ def test_a_request_made_while_the_service_restarts_waits_for_it(
     took = time.monotonic() - ready
     print(f"a read made during the restart answered {took:.2f} s after it was ready")
     assert answered == [5]
-    assert took < 1.0
+    assert took < 3.0  # issue 17: within 3 s (0.3-0.5 s at idle; 1.4 s seen at load 8)

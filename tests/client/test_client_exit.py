@@ -28,7 +28,8 @@ IDLE = 30.0
 """The service's idle timeout: a connection dropped without a word ends only after this."""
 
 CHILD = """
-import signal, sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if it hangs
 from aqueduct_core.transport import ClientTLS
 from aqueduct_spark.client import Client
 
@@ -85,7 +86,15 @@ async def run_child(
         assert proc.stdout is not None
         assert await asyncio.wait_for(proc.stdout.readline(), 120) == b"ready\n"
         end(proc)
-        code = await asyncio.wait_for(proc.wait(), 60)
+        try:
+            code = await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:
+            # Seen once (CI, first test of a fresh run): print where the child is stuck.
+            proc.send_signal(signal.SIGUSR1)
+            await asyncio.sleep(1.0)
+            proc.kill()
+            await proc.wait()
+            raise
         # Well before the idle timeout: only a close from the client can end it this soon.
         how = await asyncio.wait_for(service.ended.get(), IDLE / 3)
         return code, how

@@ -272,10 +272,6 @@ def report(r: dict[str, Any]) -> None:
         )
 
 
-if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
-
-
 def section(data: dict[str, Any]) -> list[str]:
     """The report's section (``benchmarks.run_all``)."""
     lines = [
@@ -341,3 +337,7 @@ def summary_rows(data: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         ok = figure <= limits[target]
         out.append(("18", label, value, target, "met" if ok else "**behind**"))
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit slow bench clean nftables
+.PHONY: demo test lint types unit slow bench clean debs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0])'
@@ -24,20 +24,37 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint types
+test: lint types debs
 	$(PY) -m pytest -m "not slow"
 
 slow: $(STAMP)
 	$(PY) -m pytest -m "slow"
 
-# The real-path benchmark (benchmarks/bench_realpath.py) drops packets with nftables. As root
-# on a fresh Debian machine (CI) this installs it from Debian's packages; without root the
-# benchmark says what it needs and exits non-zero.
-nftables:
-	@command -v nft >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1 || \
-		apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }
+# Debian packages whose programs the tests and benchmarks call: one list, installed by
+# `make test` (and `make bench`). nftables: `nft` drops packets and ICMP in the real-path tests
+# (tests/core/test_realpath.py) and benchmark. A test that starts calling another Debian
+# program (chromium, chromedriver, ...) adds its package here (tests/test_packaging.py checks).
+DEBS := nftables
 
-bench: $(STAMP) nftables
+# As root where apt-get exists (CI, a fresh machine): installs what is missing, and says
+# nothing when everything is there. Otherwise it names what is missing and how to install it,
+# and the tests go on (those that need a missing program fail or skip saying so).
+debs:
+	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed || echo $$p; done); \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing the Debian packages the tests call:" $$missing; \
+		export DEBIAN_FRONTEND=noninteractive; log=$$(mktemp); \
+		{ apt-get install -y -qq $(DEBS) || { apt-get update -qq && apt-get install -y -qq $(DEBS); }; } >$$log 2>&1 || \
+		{ cat $$log >&2; echo "make: apt-get could not install" $$missing >&2; rm -f $$log; exit 1; }; \
+		rm -f $$log; \
+	else \
+		echo "make: the tests call programs from Debian packages not installed here:" $$missing"." \
+			"Install them as root (apt-get install" $$missing"), or run make as root." \
+			"Tests that need them fail or skip." >&2; \
+	fi
+
+bench: $(STAMP) debs
 	$(PY) -m benchmarks.run_all
 
 clean:

@@ -52,3 +52,39 @@ def test_serve_without_the_service_extra_says_what_to_install(
         assert cli.main(command) == 1
         err = capsys.readouterr().err
         assert "pip install 'aqueduct-spark[service]'" in err, err
+
+
+# Programs from Debian that tests or benchmarks may call, and their packages (iproute2's `ip`
+# and `tc` come with the machine).
+DEBIAN_PROGRAMS = {
+    "nft": "nftables",
+    "iptables": "iptables",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
+}
+
+
+def test_make_test_installs_the_debian_packages_the_tests_call() -> None:
+    """A fresh machine has none of them: ``make test`` (as root) must install each package
+    whose program a test or benchmark runs, or those tests fail there (it happened with
+    nftables, installed by hand on the machines where the suite passed)."""
+    import subprocess
+
+    plan = subprocess.run(
+        ["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    installs = " ".join(re.findall(r"apt-get install ([^;|&}]*)", plan)).split()
+    sources = [
+        path.read_text()
+        for top in ("tests", "benchmarks")
+        for path in (ROOT / top).rglob("*.py")
+        if path.name != "test_packaging.py"
+    ]
+    called = {
+        program
+        for program in DEBIAN_PROGRAMS
+        if any(re.search(rf"[\"'`]{program}[\"' ]", text) for text in sources)
+    }
+    assert "nft" in called  # the real-path tests drop packets with it
+    missing = {DEBIAN_PROGRAMS[p] for p in called} - set(installs)
+    assert not missing, f"make test never installs {missing}: add them to DEBS in the Makefile"

@@ -190,9 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=MAX_BATCH_BYTES,
         metavar="BYTES",
-        help="largest data message (one encoded Arrow batch) a write may send; a row above "
-        "it cannot be written. Clients have their own limit (Spark option maxBatchBytes) "
-        "(default %(default)s)",
+        help="largest data message (one encoded Arrow batch; a compressed one counts at the "
+        "size it decompresses to) a write may send; a row above it cannot be written. "
+        "Clients have their own limit (Spark option maxBatchBytes) (default %(default)s)",
     )
     engine = EngineConfig()
     s.add_argument(

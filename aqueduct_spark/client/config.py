@@ -43,9 +43,11 @@ class ClientConfig:
     """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
     chunk_bytes: int = CHUNK_BYTES
     max_batch_bytes: int = MAX_BATCH_BYTES
-    """Largest data message (one encoded Arrow batch) this client sends or accepts. Writes
-    split batches below it; a single row above it cannot be written. The service has its
-    own limit (``aqueduct serve --max-batch-bytes``): a row must fit under both."""
+    """Largest data message (one encoded Arrow batch) this client sends or accepts; a
+    compressed one counts at the size it declares it decompresses to, checked before it is
+    decompressed. Writes split batches below it; a single row above it cannot be written.
+    The service has its own limit (``aqueduct serve --max-batch-bytes``): a row must fit
+    under both."""
 
     def __post_init__(self) -> None:
         given: object = self.transport

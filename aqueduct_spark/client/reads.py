@@ -132,10 +132,24 @@ class Reads(Session):
                 if error is not None:
                     raise P.error_from_wire(cbor2.loads(error))
                 if seq >= skip:
-                    yield P.batch_from_payload(delivery.value, schema)
+                    yield self._decode(delivery.value, schema)
                 seq += 1
         finally:
             rx.close()
+
+    def _decode(self, payload: Any, schema: pa.Schema) -> pa.RecordBatch:
+        """One data message of a scan, checked against this client's limit before anything
+        is decompressed (a compressed message counts at the size it declares)."""
+        message = P.read_data_message(payload)
+        limit = self.config.max_batch_bytes
+        if message.size > limit:
+            raise P.InvalidRequest(
+                f"the service sent a data message of {P.describe_size(message)}, over this "
+                f"client's limit of {limit / 2**20:g} MiB for one data message (Spark option "
+                "maxBatchBytes, ClientConfig.max_batch_bytes); raise it if the dataset holds "
+                "rows this large, or check that the URL is the dataset service you expect"
+            )
+        return message.decode(schema)
 
     async def read_batches(
         self,

@@ -249,7 +249,8 @@ class BatchLimit:
                 "(aqueduct serve --max-batch-bytes)"
             )
         return P.InvalidRequest(
-            f"a row of this write is {size / mib:.1f} MiB once encoded, {over}. A row is "
+            f"a row of this write is {size / mib:.1f} MiB once encoded (uncompressed), "
+            f"{over}. A row is "
             "never split: raise the limit on both sides (the option maxBatchBytes and the "
             "service's --max-batch-bytes), or keep values this large outside the dataset "
             "(in object storage, say) and store where they are"
@@ -268,7 +269,7 @@ def _payloads(
     while todo:
         piece = todo.pop()
         payload = P.batch_to_payload(piece, options)
-        size = len(payload)
+        size = P.read_data_message(payload).size  # compressed: as the service will count it
         if size <= limit.bytes:
             yield piece, payload
         elif piece.num_rows > 1:

@@ -149,9 +149,10 @@ OPTIONS: tuple[Option, ...] = (
         "maxBatchBytes",
         size_text(ClientConfig.max_batch_bytes),
         "all",
-        "Largest data message (one encoded Arrow batch): bigger batches are split, and a "
-        "row above it cannot be written or read. The service has its own "
-        "(`aqueduct serve --max-batch-bytes`): raise both for larger cells.",
+        "Largest data message (one encoded Arrow batch; a compressed one counts at the size "
+        "it decompresses to): bigger batches are split, and a row above it cannot be "
+        "written or read. The service has its own (`aqueduct serve --max-batch-bytes`): "
+        "raise both for larger cells.",
     ),
     Option(
         "flowWindow",

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .arrow import (
-        batch_from_payload,
+        DataMessage,
         batch_header,
         batch_to_payload,
+        describe_size,
         error_header,
         find_header,
         ipc_options,
+        read_data_message,
         schema_from_bytes,
         schema_to_bytes,
     )
@@ -99,6 +101,7 @@ __all__ = [
     "CommitResult",
     "Conflict",
     "DataLoss",
+    "DataMessage",
     "DatasetError",
     "DatasetExists",
     "DatasetInfo",
@@ -114,9 +117,9 @@ __all__ = [
     "Unavailable",
     "VersionInfo",
     "VersionNotFound",
-    "batch_from_payload",
     "batch_header",
     "batch_to_payload",
+    "describe_size",
     "error_from_wire",
     "error_header",
     "error_to_wire",
@@ -127,6 +130,7 @@ __all__ = [
     "ok",
     "pack_tasks",
     "predicate_to_expression",
+    "read_data_message",
     "require_int",
     "schema_from_bytes",
     "schema_to_bytes",

@@ -5,6 +5,7 @@ Aqueduct message, and the per-batch and error message headers (§6 of
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
@@ -12,6 +13,7 @@ import pyarrow as pa
 
 from .errors import DatasetError, InvalidRequest, error_to_wire
 from .headers import COMPRESSIONS, H_BATCH, H_ERROR
+from .ipc_meta import declared
 
 
 def schema_to_bytes(schema: pa.Schema) -> bytes:
@@ -63,13 +65,57 @@ def batch_to_payload(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> 
     return message
 
 
-def batch_from_payload(data: Any, schema: pa.Schema) -> pa.RecordBatch:
-    """Decode a data message (zero-copy on the payload buffer)."""
+@dataclass(frozen=True, slots=True)
+class DataMessage:
+    """A data message parsed but not decoded: what decoding it will allocate is known first.
+
+    ``size`` is what the message counts against a batch limit (``--max-batch-bytes``,
+    ``maxBatchBytes``): its length, or for a compressed body the size its buffers declare
+    they decompress to, whichever is larger. Check it before :meth:`decode`: a few KiB of
+    zstd can declare gigabytes, and pyarrow allocates and decompresses whatever is declared.
+    """
+
+    message: pa.ipc.Message
+    size: int
+    compressed: bool
+
+    def decode(self, schema: pa.Schema) -> pa.RecordBatch:
+        """The record batch (zero-copy on the payload unless compressed), checked to be
+        what it claims: its buffers hold as many rows as it says (pyarrow does not check
+        that while reading, and a batch that claims more would be read past its end)."""
+        try:
+            batch = pa.ipc.read_record_batch(self.message, schema)
+            batch.validate()
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise InvalidRequest(f"a data message is not an Arrow record batch: {exc}") from exc
+        return batch
+
+
+def read_data_message(data: Any) -> DataMessage:
+    """Parse a data message (one encapsulated IPC record batch message) and read what it
+    declares, without decoding or decompressing anything. InvalidRequest if it is not a
+    well-formed record batch message."""
     try:
-        batch = pa.ipc.read_record_batch(pa.py_buffer(data), schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, ValueError) as exc:
+        message = pa.ipc.read_message(pa.py_buffer(data))
+        if message.type != "record batch":
+            raise InvalidRequest(
+                f"a data message must be an Arrow record batch message, not a {message.type} "
+                "message; send each batch as one IPC record batch message, dictionaries "
+                "decoded (the schema travels in the channel headers)"
+            )
+        found = declared(message.metadata, message.body)
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise InvalidRequest(f"a data message is not an Arrow record batch: {exc}") from exc
-    return batch
+    size = len(data)
+    if found.compressed:
+        size = max(size, message.metadata.size + found.decoded)
+    return DataMessage(message, size, found.compressed)
+
+
+def describe_size(message: DataMessage) -> str:
+    """``'2048.0 MiB once decompressed'``: a message's size as a limit counts it."""
+    mib = message.size / 2**20
+    return f"{mib:.1f} MiB once decompressed" if message.compressed else f"{mib:.1f} MiB"
 
 
 def batch_header(rows: int, seq: int) -> tuple[bytes, bytes]:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from functools import partial
@@ -67,7 +67,8 @@ class ServiceConfig:
     """Target size of one scan split (one Spark task)."""
     max_batch_bytes: int = P.MAX_BATCH_BYTES
     """Largest data message (one encoded Arrow batch) a write may send (``--max-batch-bytes``);
-    the connections accept messages this large."""
+    a compressed one counts at the size it declares it decompresses to. The connections
+    accept messages this large."""
     poll_interval: float = 0.5
     """The longest a dataset with subscribers goes unchecked for commits made elsewhere
     (checked every 50 ms right after a change, less often the longer it stays quiet)."""
@@ -485,16 +486,12 @@ class DatasetService:
                 error = P.find_header(delivery.headers, P.H_ERROR)
                 if error is not None:
                     raise P.error_from_wire(cbor2.loads(error))
-                if len(delivery.value) > self.config.max_batch_bytes:
-                    raise P.InvalidRequest(
-                        f"a batch of {len(delivery.value)} bytes exceeds the service's limit of "
-                        f"{self.config.max_batch_bytes}; split it into smaller batches, or "
-                        "raise the limit (aqueduct serve --max-batch-bytes)"
-                    )
-                batch = P.batch_from_payload(delivery.value, schema)
-                rows += batch.num_rows
-                note(rows=batch.num_rows, nbytes=len(delivery.value), direction="in")
-                await self._pool.run(session, writer.write, batch)
+                limit = self.config.max_batch_bytes
+                added = await self._pool.run(
+                    session, _stage_batch, writer.write, delivery.value, schema, limit
+                )
+                rows += added
+                note(rows=added, nbytes=len(delivery.value), direction="in")
             staged = await self._pool.run(session, writer.close)
         except BaseException:
             # Not through the pool: a cancelled request (its connection closed) must still
@@ -530,6 +527,27 @@ class _Subscriber:
             self._changed.clear()
             await self._changed.wait()
         return self.latest
+
+
+def _stage_batch(
+    stage: Callable[[pa.RecordBatch], None], payload: Any, schema: pa.Schema, limit: int
+) -> int:
+    """Check one data message of a write against ``limit`` (``--max-batch-bytes``), decode
+    and stage it; its rows. A compressed message counts at the size it declares it
+    decompresses to, checked before anything is decompressed. Runs on a worker thread: the
+    event loop never decompresses, at most ``threads`` messages are being decoded at once
+    however many writes are in flight, and the messages waiting for a thread wait as they
+    arrived (compressed, within their channel's flow window)."""
+    message = P.read_data_message(payload)
+    if message.size > limit:
+        raise P.InvalidRequest(
+            f"a data message of {P.describe_size(message)} is over the service's limit of "
+            f"{limit / 2**20:g} MiB for one data message; split the data into smaller "
+            "batches, or raise the limit (aqueduct serve --max-batch-bytes)"
+        )
+    batch = message.decode(schema)
+    stage(batch)
+    return int(batch.num_rows)
 
 
 def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

@@ -52,6 +52,15 @@ def test_a_row_over_the_services_limit_names_the_services_flag(service: ServiceP
     assert "aqueduct serve --max-batch-bytes" in str(e.value)
 
 
+def test_a_compressed_row_counts_at_its_decompressed_size(service: ServiceProcess) -> None:
+    """zstd makes a 70 MiB cell of zeros a few KiB on the wire, but decoding it would hold
+    70 MiB: the client counts it as the service does, and refuses it before sending."""
+    c = service.client(compression="zstd")
+    cell = pa.table({"id": [1], "blob": [bytes(70 * MiB)]}, schema=SCHEMA)
+    with pytest.raises(P.InvalidRequest, match=r"70.0 MiB once encoded.*this client's limit"):
+        c.write("compressed_cell", cell)
+
+
 @pytest.mark.slow  # 100 MiB each way: about 12 s
 def test_a_100_mib_cell_goes_through_with_the_limit_raised_on_both_sides(
     roomy: ServiceProcess, tmp_path: Path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,37 @@ def test_demo_runs_end_to_end() -> None:
     assert out.count("long trips") == 4, out  # one line per mode, from the filtered read
     assert "'events_copy' holds 10,000 rows: every event exactly once" in out
     assert "All done in" in out
+    # The narrative only: the service's access log went to the file named at the end.
+    assert "aqueduct.access" not in out + run.stderr, run.stderr[-3000:]
+    log = Path(out.split("The service's log (a line per request): ", 1)[1].split("\n", 1)[0])
+    try:
+        assert "aqueduct.access: request" in log.read_text()
+    finally:
+        log.unlink()
+
+
+def test_the_demo_service_logs_to_its_file_not_the_terminal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's narrative stays readable: its service (started as the demo starts it)
+    writes its access log, a line per request, to the file, and nothing to the terminal."""
+    from aqueduct_spark.demo import service_log, start_demo_service
+
+    log = service_log()
+    try:
+        svc = start_demo_service(tmp_path / "datasets", log)
+        try:
+            client = svc.client()
+            for _ in range(3):
+                client.list()
+            client.close()
+        finally:
+            svc.stop()
+        out, err = capfd.readouterr()
+        assert "aqueduct.access" not in out + err, err
+        assert log.read_text().count("op=list") >= 3
+    finally:
+        log.unlink()
 
 
 def test_demo_without_java_says_what_to_install(tmp_path: os.PathLike[str]) -> None:

@@ -309,6 +309,7 @@ def test_what_counts_as_saying_what_to_do(message: str, says: bool) -> None:
 FOREIGN_ONLY = {
     ("aqueduct_spark/protocol/arrow.py", "not an Arrow IPC schema"),
     ("aqueduct_spark/protocol/arrow.py", "a data message is not an Arrow record batch"),
+    ("aqueduct_spark/service/access.py", "field 'splits' of 'scan'"),
     ("aqueduct_spark/protocol/messages.py", "{} must be an integer"),
     ("aqueduct_spark/protocol/messages.py", "{} must be a map of its fields"),
     ("aqueduct_spark/protocol/messages.py", "{} is missing fields"),
@@ -325,7 +326,6 @@ FOREIGN_ONLY = {
     ("aqueduct_spark/service/scan.py", "invalid partition value {} for column"),
     ("aqueduct_spark/service/server.py", "a write channel needs the Arrow schema"),
     ("aqueduct_spark/service/server.py", "a request is a map"),
-    ("aqueduct_spark/service/server.py", "field 'splits' of 'scan'"),
     ("aqueduct_spark/service/staging.py", "invalid data file path"),
     ("aqueduct_spark/service/staging.py", "{} is not the name of a file staged here"),
     ("aqueduct_spark/service/staging.py", "staged file {} is listed twice"),

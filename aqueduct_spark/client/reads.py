@@ -107,9 +107,11 @@ class Reads(Session):
             (P.H_COMPRESSION, self.config.compression.encode()),
         ]
         tx, rx = channel(headers=headers, codec="raw")
+        first = split if isinstance(split, Mapping) else next(iter(split), {})
         await conn.entrypoint.send(
             {
                 "op": "scan",
+                "dataset": first.get("dataset"),  # what the service checks rights on
                 **(
                     {"split": dict(split)}
                     if isinstance(split, Mapping)

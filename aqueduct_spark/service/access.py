@@ -33,6 +33,10 @@ READ_OPS = frozenset(
 """Requests that only read (the server's ``REPLAY_SAFE``, kept equal by a test); every other
 operation (create, drop, begin, write, commit, abort, compact, vacuum, restore, delete and any
 added later) needs read-write rights."""
+DATASETLESS_OPS = frozenset({"ping", "list"})
+"""Requests that touch no dataset: every token may send them (``list`` answers with the
+datasets the token covers, ``ping`` reads nothing). Every other request names its dataset
+(a scan in its splits) and is checked against it."""
 
 
 @dataclass(frozen=True)
@@ -68,25 +72,71 @@ class Grant:
     def check(self, op: str, dataset: str | None) -> None:
         """Raise :class:`~aqueduct_spark.protocol.PermissionDenied` unless this grant allows
         ``op`` on ``dataset`` (None: a request that names no dataset, such as ``list``)."""
-        if op == "list":
-            return  # answered with the datasets this grant may read, see may_read
-        if op == "ping":
-            return  # touches no dataset: the client's liveness probe before a write
+        if op in DATASETLESS_OPS:
+            return  # list is answered with the datasets this grant may read (may_read)
         what = "the whole service" if dataset is None else f"dataset {dataset!r}"
         details = {"operation": op} if dataset is None else {"operation": op, "dataset": dataset}
         covered = self.datasets == ("*",) if dataset is None else self.covers(dataset)
+        globs = ", ".join(self.datasets)
         if not covered:
+            may = "read" if self.rights == READ else "read and write"
             raise P.PermissionDenied(
-                f"{self.name} has no rights on {what} (it covers {', '.join(self.datasets)}); "
-                "use a token whose datasets include it",
+                f"{self.name} has no rights on {what}: {self.name} may {may} datasets {globs}; "
+                "use a token whose datasets include it, or ask the service's operator to add "
+                f"a glob matching it to {self.name}'s datasets ([[tokens]] in its "
+                "configuration file)",
                 details,
             )
         if op not in READ_OPS and self.rights != READ_WRITE:
             raise P.PermissionDenied(
-                f"{self.name} may only read, and {op!r} writes to {what}; "
+                f"{self.name} may only read (datasets {globs}), and {op!r} writes to {what}; "
                 "use a token with read-write rights on it",
                 details,
             )
+
+
+def scan_splits(req: Mapping[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """The splits a ``scan`` request reads, and whether it gave them as a list (``splits``,
+    a plan's task) rather than one ``split``. The service reads exactly these, and checks
+    rights on exactly their datasets (:func:`datasets_named`)."""
+    one, many = req.get("split"), req.get("splits")
+    if one is not None and many is not None:
+        raise P.InvalidRequest(
+            "a scan gives 'split' (one split) or 'splits' (a plan's task), not both; "
+            "send the splits of a plan's task as 'splits' alone"
+        )
+    if many is None:
+        if not isinstance(one, dict):
+            raise P.InvalidRequest(
+                "request 'scan' names no split; send a plan's split as 'split', or the "
+                "splits of one of its tasks as 'splits'"
+            )
+        return [one], False
+    if not isinstance(many, list) or not many or not all(isinstance(d, dict) for d in many):
+        raise P.InvalidRequest("field 'splits' of 'scan' must be a non-empty list of splits")
+    return many, True
+
+
+def datasets_named(req: Mapping[str, Any]) -> list[str]:
+    """Every dataset a request names, once each: its ``dataset`` field, then (a scan) the
+    dataset of each of its splits. Rights are checked on every one, so a request cannot
+    claim one dataset and read another. A ``dataset`` that is not text is
+    :class:`~aqueduct_spark.protocol.InvalidRequest`; so is a request that needs a dataset
+    (every operation but :data:`DATASETLESS_OPS`) and names none."""
+    op = req.get("op")
+    names: list[Any] = [] if req.get("dataset") is None else [req["dataset"]]
+    if op == "scan":
+        names += [raw.get("dataset") for raw in scan_splits(req)[0]]
+    bad = next((n for n in names if not isinstance(n, str)), ...)
+    if bad is not ...:
+        raise P.InvalidRequest(
+            f"the dataset a request names must be text, got {bad!r}; send the dataset's name"
+        )
+    if not names and op not in DATASETLESS_OPS:
+        raise P.InvalidRequest(
+            f"request {op!r} names no dataset; give the dataset it works on in field 'dataset'"
+        )
+    return list(dict.fromkeys(names))
 
 
 ANYONE = Grant(token="-", rights=READ_WRITE, datasets=("*",), name="anonymous")

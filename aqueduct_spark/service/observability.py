@@ -258,6 +258,14 @@ def failed(error: P.DatasetError) -> None:
         record.error = error
 
 
+def touched(dataset: str) -> None:
+    """The current request works on ``dataset`` (the access line's ``dataset``): set once its
+    rights were checked, so a scan shows its splits' dataset, and a refusal the one refused."""
+    record = _current.get()
+    if record is not None:
+        record.dataset = dataset
+
+
 def committed() -> None:
     """The current commit request made a new version."""
     record = _current.get()
@@ -355,10 +363,8 @@ class Observer:
         metrics and its access line. (A factory, not a coroutine: a task cancelled before
         its first step would leave a coroutine argument never awaited.)"""
         op = dataset = None
-        if isinstance(req, dict):
-            op, dataset, split = req.get("op"), req.get("dataset"), req.get("split")
-            if dataset is None and isinstance(split, dict):  # a scan names it in its split
-                dataset = split.get("dataset")
+        if isinstance(req, dict):  # until the rights check says which (touched)
+            op, dataset = req.get("op"), req.get("dataset")
         record = RequestRecord(
             self,
             peer_text(conn.peer if conn is not None else None),

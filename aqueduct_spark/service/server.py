@@ -34,11 +34,12 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
-from aqueduct_spark.service.access import AccessPolicy, Grant
+from aqueduct_spark.service import split_files
+from aqueduct_spark.service.access import AccessPolicy, Grant, datasets_named, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
-from aqueduct_spark.service.observability import Observer, committed, failed, note
+from aqueduct_spark.service.observability import Observer, committed, failed, note, touched
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.watch import LogWatch
@@ -110,18 +111,33 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
 
 
 def _authorize(
-    grant: Grant | P.Unauthenticated, op: str, req: dict[str, Any], conn: Connection | None
+    grant: Grant | P.Unauthenticated,
+    op: str,
+    req: dict[str, Any],
+    conn: Connection | None,
+    known: frozenset[str],
 ) -> Grant:
-    """The grant that allows this request; a refusal is raised and logged with the client's
-    address and the token's name, never the token."""
-    split = req.get("split")
-    dataset = split.get("dataset") if op == "scan" and isinstance(split, dict) else None
-    dataset = dataset if isinstance(dataset, str) else req.get("dataset")
-    dataset = dataset if isinstance(dataset, str) else None
+    """The grant that allows this request, checked on every dataset it names (a scan: its
+    splits' too); a refusal is raised and logged with the client's address and the token's
+    name, never the token. The dataset allowed is the access line's."""
+    dataset = None
     try:
         if isinstance(grant, P.Unauthenticated):
             raise P.Unauthenticated(grant.message)
-        grant.check(op, dataset)
+        if op not in known:
+            raise P.InvalidRequest(
+                f"unknown operation {op!r}: the client is newer than this service; upgrade "
+                "the service, or use a client of its version"
+            )
+        names = datasets_named(req)
+        for dataset in names:
+            touched(dataset)
+            grant.check(op, dataset)
+        if len(names) > 1:
+            raise P.InvalidRequest(
+                f"a {op} works on one dataset, and this one names {', '.join(map(repr, names))}; "
+                "send one request per dataset, with the splits its plan gave"
+            )
     except (P.Unauthenticated, P.PermissionDenied) as refused:
         peer = conn.peer[0] if conn is not None and conn.peer else "?"
         what = f"{op} of {dataset}" if dataset else op
@@ -294,7 +310,7 @@ class DatasetService:
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
             op = req["op"]
-            grant = _authorize(grant, op, req, conn)
+            grant = _authorize(grant, op, req, conn, self.observer.operations)
             if op not in REPLAY_SAFE and conn is not None:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.
@@ -307,7 +323,7 @@ class DatasetService:
                 await self._write(req, session)
             elif op == "subscribe":
                 await self._subscribe(req, session)
-            elif op in self._ops:
+            else:  # one of the one-reply requests (_authorize refused unknown operations)
                 result = await self._pool.run(session, self._ops[op], req)
                 if op == "list":  # only the datasets this token may read
                     result["datasets"] = [
@@ -318,10 +334,6 @@ class DatasetService:
                     committed()
                     self._notify(req["dataset"], result["version"])
                     self.maintenance.after_commit(req["dataset"], result["version"])
-            else:
-                raise P.InvalidRequest(
-                    f"unknown operation {op!r}: the client is newer than this service; upgrade the service, or use a client of its version"
-                )
         except Exception as exc:  # every failure becomes an answer, never a dead connection
             await self._fail(req, _answer_for(exc))
         finally:
@@ -409,12 +421,9 @@ class DatasetService:
             session.scans -= 1
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
-        # "splits" (a plan's task, several scanned as one) or "split" (one: the first form)
-        raws = req.get("splits")
-        if raws is None:
-            raws = [field(req, "split", dict)]
-        elif not isinstance(raws, list) or not raws or not all(isinstance(d, dict) for d in raws):
-            raise P.InvalidRequest("field 'splits' of 'scan' must be a non-empty list of splits")
+        # "splits" (a plan's task, several scanned as one) or "split" (one: the first form):
+        # the very splits whose dataset _authorize checked
+        raws, many = scan_splits(req)
         columns = field(req, "columns", list, None)
         expression = P.filters_to_expression(req.get("filters"))
         options = P.ipc_options(
@@ -433,7 +442,9 @@ class DatasetService:
             )
 
         def scan_all() -> Iterator[pa.RecordBatch]:
-            if len(raws) == 1 and "splits" not in req:
+            # only files the log shows: no staged file, whatever path a split names
+            split_files.check(self.store, raws[0]["dataset"], raws)
+            if not many:
                 return scan_one(raws[0])
             if any("change_type" in raw for raw in raws):
                 return itertools.chain.from_iterable(scan_one(raw) for raw in raws)

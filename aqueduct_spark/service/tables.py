@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import os
 import re
 import threading
@@ -70,6 +71,12 @@ class Snapshot:
     table_id: str
     files: pa.Table
     """The live files: ``get_add_actions(flatten=True)`` of that version."""
+
+    @functools.cached_property
+    def paths(self) -> frozenset[str]:
+        """The storage paths of the live files (the log's are URL-encoded once more), worked
+        out once per snapshot: what a scan's splits are checked against (``split_files``)."""
+        return frozenset(unquote(p) for p in self.files.column("path").to_pylist())
 
     @classmethod
     def of(cls, table: DeltaTable) -> Snapshot:
@@ -326,6 +333,15 @@ class Tables:
             state.snapshot = snap
             state.key = _file_key(fs.get_file_info(delta_log.commit_path(snap.version)))
             return snap
+
+    def kept_latest(self, name: str) -> Snapshot | None:
+        """The latest snapshot of ``name`` if its state is kept (brought up to date: two file
+        stats, and the new commits if any); None rather than loading the table."""
+        with self._lock:
+            state = self._states.get(name)
+        if state is None or state.snapshot is None:
+            return None
+        return self._latest(name)
 
     def offer(self, name: str, table: DeltaTable) -> None:
         """A table handle of dataset ``name`` newer than the kept state (a commit was just

@@ -395,7 +395,8 @@ def _read_options(p: argparse.ArgumentParser) -> None:
         "--where",
         action="append",
         default=[],
-        metavar="FILTER",
-        help="filter 'column op value', op one of == != < <= > >= (repeatable, ANDed)",
+        metavar="CONDITION",
+        help="SQL condition on the columns, e.g. \"ts >= '2026-01-01' AND city = 'Oslo'\" "
+        "(repeatable, ANDed; literals take the column's type)",
     )
     p.add_argument("--version", type=int, help="read an older version (time travel)")

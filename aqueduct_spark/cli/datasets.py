@@ -95,25 +95,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _read_args(args: argparse.Namespace) -> dict[str, Any]:
-    filters = [_parse_where(w) for w in args.where]
     return {
         "columns": args.columns.split(",") if args.columns else None,
-        "filter": filters or None,
+        # SQL conditions, ANDed: the service parses them and binds literals to the columns'
+        # types (docs/cli.md, "Conditions")
+        "filter": list(args.where) or None,
         "version": args.version,
     }
-
-
-def _parse_where(text: str) -> tuple[str, str, Any]:
-    for op in ("==", "!=", "<=", ">=", "<", ">", "="):
-        if op in text:
-            column, _, raw = text.partition(op)
-            value: Any = raw.strip()
-            try:
-                value = json.loads(value)
-            except ValueError:
-                value = value.strip("'\"")
-            return (column.strip(), "==" if op == "=" else op, value)
-    raise ValueError(f"cannot read filter {text!r}: use 'column op value' with op == != < <= > >=")
 
 
 def cmd_head(args: argparse.Namespace) -> int:

@@ -103,7 +103,7 @@ def add_parsers(
         "--where",
         required=True,
         metavar="PREDICATE",
-        help="SQL over the columns, e.g. \"id < 100 AND s = 'x'\"",
+        help="SQL condition on the columns, as for head --where, e.g. \"id < 100 AND s = 'x'\"",
     )
     client_options(d)
 

@@ -9,6 +9,9 @@ from typing import Any
 import pyarrow as pa
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.protocol.filters import to_wire_filters
+
+__all__ = ["DatasetDescription", "Plan", "Transaction", "to_wire_filters"]
 
 DatasetDescription = P.DatasetInfo
 """What ``describe`` and ``list`` answer: the protocol's own message class, under the name
@@ -53,25 +56,3 @@ class Transaction:
     """Overwrite only the rows matching this SQL condition (begin's ``replace_where``)."""
     max_batch_bytes: int | None = None
     """The service's largest data message, as begin answered (None: it did not say)."""
-
-
-def to_wire_filters(filters: Any) -> list[Any] | None:
-    """Accept pyarrow-style ``[(column, op, value), ...]`` (AND) or the wire form."""
-    if filters is None:
-        return None
-    out: list[Any] = []
-    for f in filters:
-        if isinstance(f, tuple) and len(f) in (2, 3) and isinstance(f[0], str):
-            column, op = f[0], f[1]
-            path = column.split(".") if isinstance(column, str) else list(column)
-            if op in P.UNARY_OPS:
-                out.append([op, path])
-            else:
-                value = list(f[2]) if op in ("in", "not in") and len(f) == 3 else f[2]
-                if op == "not in":
-                    out.append([P.NOT, ["in", path, value]])
-                else:
-                    out.append([{"=": "=="}.get(op, op), path, value])
-        else:
-            out.append(f)
-    return out

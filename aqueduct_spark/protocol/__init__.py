@@ -52,8 +52,7 @@ if TYPE_CHECKING:
         BINARY_OPS,
         NOT,
         UNARY_OPS,
-        filters_to_expression,
-        predicate_to_expression,
+        to_wire_filters,
     )
     from .headers import (
         COMPRESSIONS,
@@ -124,16 +123,15 @@ __all__ = [
     "error_header",
     "error_to_wire",
     "fail",
-    "filters_to_expression",
     "find_header",
     "ipc_options",
     "ok",
     "pack_tasks",
-    "predicate_to_expression",
     "read_data_message",
     "require_int",
     "schema_from_bytes",
     "schema_to_bytes",
     "staged_list",
+    "to_wire_filters",
     "unwrap",
 ]

@@ -39,7 +39,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import delta_types, group_commit, predicates, staging
+from . import binding, delta_types, group_commit, staging
 from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
 from .group_commit import METADATA_KEY as METADATA_KEY
@@ -100,7 +100,7 @@ def check_schema(
     given = delta_types.delta_schema(schema)
     if name is None or not tables.exists(name):
         if replace_where is not None:
-            predicates.bind(replace_where, given)
+            binding.bind(replace_where, given)
         return given
     if mode == "create":
         raise DatasetExists(
@@ -119,10 +119,10 @@ def check_schema(
     if merge_schema:
         write = _merge_write(name, current, given, table_parts)
         if replace_where is not None:
-            predicates.bind(replace_where, merged(current, write))
+            binding.bind(replace_where, merged(current, write))
         return write
     if replace_where is not None:
-        predicates.bind(replace_where, current)
+        binding.bind(replace_where, current)
     diffs = delta_types.schema_differences(current, given)
     if diffs:
         fix = ", or overwrite with overwriteSchema (overwrite_schema=True)" * (mode == "overwrite")

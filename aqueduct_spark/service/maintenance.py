@@ -46,8 +46,15 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, PostCommitHookProperties
 from deltalake.exceptions import DeltaError
 
-from aqueduct_spark.protocol import Conflict, InvalidRequest, VersionNotFound, require_int
+from aqueduct_spark.protocol import (
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    VersionNotFound,
+    require_int,
+)
 
+from .binding import Condition
 from .changes import ensure_change_feed
 from .commits import METADATA_KEY
 from .store import Store
@@ -329,26 +336,30 @@ def restore(store: Store, name: str, version: int) -> dict[str, Any]:
 
 
 def delete(store: Store, name: str, predicate: str) -> dict[str, Any]:
-    """Delete the rows matching ``predicate`` (a SQL expression over the columns, as
-    deltalake's ``DeltaTable.delete`` takes it). The deleted rows go to the change feed."""
+    """Delete the rows matching ``predicate``, a condition in the one language of every
+    filter (:mod:`.predicates`), bound to the dataset's types and handed to Delta Lake's
+    delete as SQL with explicit types (:meth:`.binding.Binder.delta_sql`). The deleted rows
+    go to the change feed."""
     if not isinstance(predicate, str) or not predicate.strip():
         raise InvalidRequest(
             'delete needs a predicate naming the rows, e.g. "id < 100"; to delete every '
             "row, overwrite the dataset with no rows or drop it"
         )
+    condition = Condition.from_text(predicate, f"delete from dataset {name!r} where")
     table = ensure_change_feed(store, name)
     before = table.version()
+    sql = condition.to_delta_sql(store.snapshot(name).schema)
     try:
         metrics = table.delete(
-            predicate,
+            sql,
             commit_properties=_recorded("delete"),
             post_commithook_properties=store.commit_hooks,
         )
     except Exception as exc:  # deltalake raises a plain Exception for a bad cast
-        text = str(exc).strip().rstrip(".")
-        if any(what in text for what in _PREDICATE_ERRORS):
+        text = delta_text(exc)
+        if any(what in str(exc) for what in _PREDICATE_ERRORS):
             raise InvalidRequest(
-                f"cannot delete from dataset {name!r} where {predicate!r}: {text}. Write the "
+                f"{condition.label}: Delta Lake could not evaluate it ({text}); write the "
                 "predicate in SQL over the dataset's columns, e.g. \"id < 100 AND s = 'x'\""
             ) from exc
         if not isinstance(exc, DeltaError):
@@ -361,6 +372,19 @@ def delete(store: Store, name: str, predicate: str) -> dict[str, Any]:
     }
 
 
+def delta_text(exc: BaseException) -> str:
+    """Delta Lake's message on one line: without the repeated ``Generic DeltaTable error:
+    External error:`` layers and the backtrace frames that some errors carry."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    kept = [ln for ln in lines if ln and not re.match(r"^\d+:", ln)]
+    text = " ".join(kept)
+    text = re.sub(
+        r"(Generic DeltaTable error|External error|Kernel error|Generic error):\s*", "", text
+    )
+    text = re.sub(r"\s+at \S+:\d+(:\d+)?", "", text)  # frames: at ./nptl/pthread_create.c:442:8
+    return text.strip().rstrip(".") or type(exc).__name__
+
+
 def _recorded(mode: str) -> CommitProperties:
     """The commit's record of what made it (``aqueduct history`` shows Delta's operation)."""
     return CommitProperties(custom_metadata={METADATA_KEY: {"mode": mode}})
@@ -371,6 +395,10 @@ def _failed(what: str, name: str, exc: DeltaError) -> Exception:
     if isinstance(error, Conflict):
         return Conflict(
             f"the {what} of dataset {name!r} conflicted with a concurrent commit; "
-            f"run it again ({exc})"
+            f"run it again ({delta_text(exc)})"
+        )
+    if isinstance(error, InternalError):
+        return InternalError(
+            f"the {what} of dataset {name!r} failed in Delta Lake: {delta_text(exc)}"
         )
     return error

@@ -15,6 +15,7 @@ from typing import Any
 
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service import changes, delta_log, maintenance
+from aqueduct_spark.service.binding import Condition
 from aqueduct_spark.service.store import Store
 
 COMMITTING = frozenset({"commit", "compact", "restore", "delete"})
@@ -118,7 +119,7 @@ class Operations:
             version=field(req, "version", int, None),
             timestamp=timestamp(req.get("timestamp")),
             columns=field(req, "columns", list, None),
-            filter=P.filters_to_expression(req.get("filters")),
+            filter=Condition.from_wire(req.get("filters")),
             split_bytes=field(req, "split_bytes", int, None) or self.split_bytes,
             **({} if req.get("open_cost") is None else {"open_cost": field(req, "open_cost", int)}),
             min_tasks=field(req, "min_tasks", int, None) or 1,

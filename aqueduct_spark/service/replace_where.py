@@ -30,7 +30,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from aqueduct_spark.protocol import Conflict, InvalidRequest
 
-from . import predicates, scan, staging
+from . import binding, scan, staging
 from .delta_stats import stats_from_metadata
 
 _THREADS = 8
@@ -85,9 +85,9 @@ def _matching(
         if stored:
             present = [c for c in stored if c in pf.schema_arrow.names]
             table = _complete(pf.read(columns=present), rows, schema, partition_by, values, needed)
-            return table.filter(predicates.is_true(expression)).num_rows, rows
+            return table.filter(binding.is_true(expression)).num_rows, rows
     one = _complete(None, min(rows, 1), schema, partition_by, values, needed)
-    return (rows if one.filter(predicates.is_true(expression)).num_rows else 0), rows
+    return (rows if one.filter(binding.is_true(expression)).num_rows else 0), rows
 
 
 def _typed(values: Mapping[str, str | None], schema: pa.Schema) -> dict[str, Any]:
@@ -107,8 +107,8 @@ def check_written(
     text: str,
 ) -> None:
     """Refuse a write whose rows do not all match ``text`` (InvalidRequest, with a count)."""
-    expression = predicates.bind(text, schema)
-    needed = sorted(predicates.columns(predicates.parse(text)))
+    expression = binding.bind(text, schema)
+    needed = binding.text_columns(text)
     stray = 0
     for add in adds:
         values = _typed(add.partition_values, schema)
@@ -137,8 +137,8 @@ def replacement(
     out = Replacement()
     if began is None:
         return out
-    expression = predicates.bind(text, schema)
-    needed = sorted(predicates.columns(predicates.parse(text)))
+    expression = binding.bind(text, schema)
+    needed = binding.text_columns(text)
     files = pa.table(began.get_add_actions(flatten=True)).to_pylist()
     # the log's statistics and partition values rule out most files without opening them
     candidates = [files[i] for i in scan.prune(schema, partition_by, files, expression)]
@@ -200,7 +200,7 @@ def _rewrite(
         filled = _complete(None, table.num_rows, schema, partition_by, values, extra)
         for name in extra:
             whole = whole.append_column(name, filled.column(name))
-    keep = whole.filter(pc.invert(predicates.is_true(expression))).select(table.column_names)
+    keep = whole.filter(pc.invert(binding.is_true(expression))).select(table.column_names)
     directory = path.rsplit("/", 1)[0] if "/" in path else ""
     name = staging.staged_file_name(txn, "replace")
     new = f"{directory}/{name}" if directory else name

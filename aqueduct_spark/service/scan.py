@@ -47,6 +47,8 @@ import pyarrow.parquet as pq
 
 from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split
 
+from .binding import Condition
+
 MAX_ROW_CLASSES = 64
 _FOOTER_THREADS = 8
 
@@ -66,13 +68,18 @@ def project(schema: pa.Schema, columns: Sequence[str] | None) -> tuple[list[str]
     return cols, pa.schema([schema.field(c) for c in cols])
 
 
-def check_filter(schema: pa.Schema, filter: pc.Expression | None) -> pc.Expression | None:
-    """Bind the filter to the schema once, so a bad one fails before any data moves."""
+def check_filter(
+    schema: pa.Schema, filter: Condition | pc.Expression | None
+) -> pc.Expression | None:
+    """Bind the filter to the schema once, so a bad one fails before any data moves: a
+    :class:`.Condition` (what requests carry) gets its literals in the columns' types."""
     if filter is None:
         return None
+    if isinstance(filter, Condition):
+        return filter.bind(schema)
     if not isinstance(filter, pc.Expression):
         raise InvalidRequest(
-            f"filter must be a pyarrow.compute.Expression, got {type(filter).__name__}"
+            f"filter must be a condition or a pyarrow.compute.Expression, not {filter!r}"
         )
     try:
         schema.empty_table().filter(filter)

@@ -57,6 +57,7 @@ from aqueduct_spark.protocol import (
 )
 
 from . import changes, commits, delta_log, delta_types, scan, staging
+from .binding import Condition
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
 from .tables import NAME_RE, Snapshot, Tables, delta_error
@@ -217,7 +218,7 @@ class Store(Tables):
         version: int | None = None,
         timestamp: dt.datetime | None = None,
         columns: Sequence[str] | None = None,
-        filter: pc.Expression | None = None,
+        filter: Condition | pc.Expression | None = None,
         split_bytes: int = 128 << 20,
         open_cost: int = OPEN_COST,
         min_tasks: int = 1,
@@ -398,7 +399,7 @@ class Store(Tables):
         self,
         split: Split | Sequence[Split],
         columns: Sequence[str] | None = None,
-        filter: pc.Expression | None = None,
+        filter: Condition | pc.Expression | None = None,
         batch_rows: int = 65536,
     ) -> Iterator[pa.RecordBatch]:
         """Stream the rows of one split, or of several one after the other (a plan's task):

@@ -1,5 +1,6 @@
 """Executors never touch Delta files: the client side must import without deltalake, which
-only the service needs (issue 16; the ``service`` extra)."""
+only the service needs (issue 16; the ``service`` extra). Nor does it parse conditions: the
+service does, with sqlglot (the same extra)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 CLIENT_SIDE = ("aqueduct_spark.protocol", "aqueduct_spark.client")
+SERVICE_ONLY = ("deltalake", "sqlglot")
 
 
 def test_the_client_side_does_not_import_deltalake() -> None:
@@ -17,15 +19,16 @@ def test_the_client_side_does_not_import_deltalake() -> None:
         "import sys\n"
         f"for name in {CLIENT_SIDE!r}:\n"
         "    __import__(name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deltalake'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{SERVICE_ONLY!r}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", (
-        f"importing {', '.join(CLIENT_SIDE)} pulled in deltalake modules {done.stdout.strip()}; "
-        "keep Delta Lake inside aqueduct_spark/service"
+        f"importing {', '.join(CLIENT_SIDE)} pulled in service-only modules "
+        f"{done.stdout.strip()}; keep Delta Lake and sqlglot inside aqueduct_spark/service"
     )
 
 
@@ -45,6 +48,6 @@ def test_only_the_service_imports_deltalake() -> None:
                     names = [alias.name for alias in node.names]
                 elif isinstance(node, ast.ImportFrom) and not node.level:
                     names = [node.module or ""]
-                if any(n.split(".")[0] == "deltalake" for n in names):
+                if any(n.split(".")[0] in SERVICE_ONLY for n in names):
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert not found, f"deltalake imported outside aqueduct_spark/service: {found}"
+    assert not found, f"deltalake or sqlglot imported outside aqueduct_spark/service: {found}"

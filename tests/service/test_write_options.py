@@ -79,9 +79,9 @@ def test_replace_where_refuses_rows_outside_its_condition(service: ServiceProces
     ("mode", "where", "message"),
     [
         ("append", "id = 1", r"write with mode 'overwrite', not 'append'"),
-        ("overwrite", "id = ", r"replaceWhere 'id = ': expected a value"),
-        ("overwrite", "nope = 1", r"names column 'nope', which is not in the dataset"),
-        ("overwrite", "id = 'x'", r"'x' is not a value of type int64"),
+        ("overwrite", "id = ", r"replaceWhere 'id = ': cannot read it .*something is missing"),
+        ("overwrite", "nope = 1", r"no column 'nope' in the dataset; name one of its columns: id"),
+        ("overwrite", "id = 'x'", r"cannot compare column 'id' \(int64\) with 'x': not a number"),
     ],
 )
 def test_a_bad_replace_where_fails_at_begin(

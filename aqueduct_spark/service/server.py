@@ -34,10 +34,9 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
-from aqueduct_spark.service import split_files
+from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, datasets_named, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
-from aqueduct_spark.service.binding import Condition
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note, touched
@@ -426,7 +425,7 @@ class DatasetService:
         # the very splits whose dataset _authorize checked
         raws, many = scan_splits(req)
         columns = field(req, "columns", list, None)
-        expression = Condition.from_wire(req.get("filters"))
+        expression = binding.Condition.from_wire(req.get("filters"))
         options = P.ipc_options(
             (P.find_header(out.headers, P.H_COMPRESSION) or b"none").decode("ascii", "replace")
         )

@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks import report_runs
+
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
@@ -85,8 +87,9 @@ def median_time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 
 def write_json(path: str | None, data: dict[str, Any]) -> None:
+    """Write a run's results, with when it ran and the load (``report_runs.stamp``)."""
     if path:
-        Path(path).write_text(json.dumps(data, indent=2, default=str))
+        Path(path).write_text(json.dumps(report_runs.stamp(data), indent=2, default=str))
 
 
 def spawn(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_versions, report_hand
+from benchmarks import bench_versions, report_hand, report_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -37,22 +38,37 @@ SCRIPTS = {
 
 
 def run(name: str, quick: bool) -> tuple[dict[str, Any] | None, str]:
-    out = RESULTS / f"{name}.json"
+    """Run one benchmark script; a run that finished is stored (``report_runs.store``)."""
+    out = RESULTS / f"{name}.new.json"
+    out.unlink(missing_ok=True)
     args = [sys.executable, "-m", SCRIPTS[name], "--json", str(out)]
     if quick and name != "codec":
         args.append("--quick")
     print(f"== {name}: {' '.join(args[1:])}", flush=True)
-    start = time.perf_counter()
+    load_start = report_runs.settle()
+    start = time.time()
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (RESULTS / f"{name}.log").write_text(log)
     print(
-        f"   {'ok' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} in {time.perf_counter() - start:.0f} s",
+        f"   {'ok' if proc.returncode == 0 else f'FAILED ({proc.returncode})'} in {time.time() - start:.0f} s",
         flush=True,
     )
     if proc.returncode != 0 or not out.exists():
         return None, log
-    return json.loads(out.read_text()), log
+    data: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    if quick:
+        data["quick"] = True  # a smoke run: never the project's figures
+    data["run"] = {  # measured here around the whole script, whatever it recorded itself
+        "command": f"python -m {' '.join(args[2:])}",
+        "started": report_runs.utc(start),
+        "finished": report_runs.utc(time.time()),
+        "load_start": round(load_start, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+    }
+    report_runs.store(RESULTS, name, data)
+    return data, log
 
 
 def plot_bars(
@@ -153,11 +169,9 @@ def section_realpath(data: dict[str, Any]) -> list[str]:
     ]
     if "command" in data:
         lines += [
-            f"Run: `{data['command']}` (median of {data['repeat']}), started {data['started']}; "
-            f"load average (1, 5, 15 min) {', '.join(map(str, data['load_before']))} at the "
-            f"start and {', '.join(map(str, data.get('load_after', [])))} at the end, on 2 "
-            "cores shared with other work: every process got a fraction of a core, so the "
-            "seconds are long; the ratios and the CPU seconds per GB are the figures to compare.",
+            f"Command: `{data['command']}` (median of {data['repeat']}); load average (1, 5, "
+            f"15 min) {', '.join(map(str, data['load_before']))} at the start and "
+            f"{', '.join(map(str, data.get('load_after', [])))} at the end.",
             "",
         ]
     lines += [
@@ -360,9 +374,16 @@ def section_codec(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def summary(collected: dict[str, dict[str, Any] | None]) -> list[str]:
-    """One table of every target the issues set, with its verdict in this run."""
+def target_rows(
+    collected: dict[str, dict[str, Any] | None],
+) -> list[tuple[str, str, str, str, str]]:
+    """(issue, comparison, figure, target, verdict) of every target the issues set, as the
+    runs in ``collected`` met it."""
     rows: list[tuple[str, str, str, str, str]] = []
+    for data in collected.values():  # runs transcribed from a record: their rows as given
+        for row in (data or {}).get("summary_rows", []):
+            rows.append(tuple(row))  # type: ignore[arg-type]
+    collected = {k: d for k, d in collected.items() if d and "summary_rows" not in d}
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "**behind**"
@@ -466,26 +487,77 @@ def summary(collected: dict[str, dict[str, Any] | None]) -> list[str]:
         )
     if collected.get("versions"):
         rows += bench_versions.summary_rows(collected["versions"] or {})
-    if not rows:
-        return []
+    return rows
+
+
+SUMMARY = "## Summary: every target, from the most recent quiet run"
+LOADED = "## Runs on a loaded machine (not the project's figures)"
+
+
+def summary(quiet: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """The table of every target, each benchmark's row from its most recent quiet run."""
     lines = [
-        "## Summary: every target",
+        SUMMARY,
         "",
-        "| issue | comparison | this run | target | verdict |",
-        "|---|---|---|---|---|",
-        *[f"| {' | '.join(r)} |" for r in rows],
+        f"Quiet: the 1-minute load average was at most {report_runs.QUIET_LOAD:g} when the run "
+        "started (the load at its end, shown too, is mostly the benchmark's own processes). A "
+        "run on a busier machine never replaces these rows: it is listed under *Runs on a "
+        "loaded machine* below.",
         "",
+        "| issue | comparison | figure | target | verdict | run (UTC, load) |",
+        "|---|---|---|---|---|---|",
     ]
-    behind = [r for r in rows if r[4] not in ("met", "reported")]
+    behind = []
+    for name in SCRIPTS:
+        if name in quiet:
+            for r in target_rows({name: quiet[name]}):
+                lines.append(f"| {' | '.join(r)} | {report_runs.label(quiet[name])} |")
+                if r[4] not in ("met", "reported"):
+                    behind.append(r)
+    lines.append("")
+    missing = [name for name in SCRIPTS if name not in quiet]
+    if missing:
+        lines += [
+            "No quiet run recorded yet: "
+            + ", ".join(f"{name} (`python -m {SCRIPTS[name]}`)" for name in missing)
+            + ". Their latest runs are under *Runs on a loaded machine*; "
+            f"`python -m benchmarks.run_all --only {' '.join(missing)}` on a quiet machine "
+            "puts them here.",
+            "",
+        ]
     if behind:
         lines += [
             "Where we are behind: "
             + "; ".join(f"{r[1]} ({r[2]} against {r[3]}, {r[4]})" for r in behind)
-            + ". The transport section and [benchmarks/transport.md](benchmarks/transport.md) "
+            + ". The sections below and [benchmarks/transport.md](benchmarks/transport.md) "
             "say where the time goes and what would close the gap.",
             "",
         ]
     return lines
+
+
+def loaded(other: dict[str, Any]) -> list[str]:
+    """Each benchmark's latest run where it was not quiet: labelled, apart from the summary."""
+    lines = [
+        LOADED,
+        "",
+        "The latest run of these benchmarks shared the cores with other work (or did not record "
+        "its load): every process got a fraction of a core, so absolute figures are long and "
+        "even ratios can move by tens of percent. Kept to show the trend, not as the project's "
+        "figures.",
+        "",
+    ]
+    if not other:
+        return [*lines, "None: every benchmark's latest run was quiet.", ""]
+    lines += [
+        "| issue | comparison | figure | target | in that run | run (UTC, load) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in SCRIPTS:
+        if name in other:
+            for r in target_rows({name: other[name]}):
+                lines.append(f"| {' | '.join(r)} | {report_runs.label(other[name])} |")
+    return [*lines, ""]
 
 
 def _fmt(value: Any) -> str:
@@ -520,53 +592,72 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     names = [] if args.report_only else (args.only or list(SCRIPTS))
-    collected: dict[str, dict[str, Any] | None] = {}
-    for name in names:
-        collected[name], _ = run(name, args.quick)
-    for name in SCRIPTS:  # keep earlier results of benchmarks not rerun
-        if name not in collected and (RESULTS / f"{name}.json").exists():
-            collected[name] = json.loads((RESULTS / f"{name}.json").read_text())
+    failed = [name for name in names if run(name, args.quick)[0] is None]
+    quiet, other = report_runs.stored(RESULTS, list(SCRIPTS))
     machine: dict[str, Any] = {}
-    for d in collected.values():  # the scripts record overlapping sets of facts
-        machine = {**(d or {}).get("machine", {}), **machine}
+    for d in [*quiet.values(), *other.values()]:  # the scripts record overlapping sets of facts
+        machine = {**d.get("machine", {}), **machine}
     lines = [
         "# Benchmark report",
         "",
         f"Generated by `python -m benchmarks.run_all{' --quick' if args.quick else ''}` on "
-        f"{time.strftime('%Y-%m-%d')}. Machine: {machine.get('cpus', machine.get('nproc', '?'))} CPUs ({machine.get('cpu', '?')}), "
+        f"{time.strftime('%Y-%m-%d')} from the runs stored in `docs/benchmarks/results/`. "
+        f"Machine: {machine.get('cpus', machine.get('nproc', '?'))} CPUs ({machine.get('cpu', '?')}), "
         f"Python {machine.get('python', '?')}, aioquic {machine.get('aioquic', '?')}, qh3 {machine.get('qh3', '?')}, "
         f"pyarrow {machine.get('pyarrow', '?')}, deltalake {machine.get('deltalake', '?')}, pyspark {machine.get('pyspark', '?')}.",
         "",
         "Absolute figures on this 2-core machine swing by tens of percent between runs; every comparison "
         "below is a ratio measured within one run of one script, with the compared paths run back to back. "
-        "Servers and clients share the 2 cores. Raw results and logs are in `docs/benchmarks/results/`.",
+        "Servers and clients share the 2 cores. Raw results and logs are in `docs/benchmarks/results/` "
+        "(`NAME.json` the latest run, `NAME.quiet.json` the latest quiet one).",
         "",
-        *summary(collected),
+        *summary(quiet, other),
     ]
+    for name in failed:
+        lines += [
+            f"The {name} benchmark failed in this run; see `docs/benchmarks/results/{name}.log`.",
+            "",
+        ]
     for name in SCRIPTS:
-        data = collected.get(name)
-        if data is None:
-            if name in names:
-                lines += [
-                    f"## {name}",
-                    "",
-                    f"The {name} benchmark failed in this run; see `docs/benchmarks/results/{name}.log`.",
-                    "",
-                ]
-            continue
-        try:
-            lines += SECTIONS[name](data)
-        except (KeyError, TypeError, ValueError) as exc:
-            lines += [
-                f"## {name}",
-                "",
-                f"Results could not be summarized ({exc}); see the JSON.",
-                "",
-            ]
+        if name in quiet:
+            lines += _section(name, quiet[name], "")
+    lines += loaded(other)
+    for name in SCRIPTS:
+        if name in other:
+            lines += _section(name, other[name], "Loaded run: ")
     old = REPORT.read_text() if REPORT.exists() else ""
     REPORT.write_text("\n".join(report_hand.keep(old, lines)))  # hand-written parts stay
     print(f"wrote {REPORT.relative_to(ROOT)}")
-    return 0 if all(collected.get(n) is not None for n in names) else 1
+    return 1 if failed else 0
+
+
+def _section(name: str, data: dict[str, Any], prefix: str) -> list[str]:
+    """A benchmark's section of the report, its heading prefixed, its run named under it."""
+    try:
+        lines = SECTIONS[name](data) if "summary_rows" not in data else _transcribed(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        lines = [f"## {name}", "", f"Results could not be summarized ({exc}); see the JSON.", ""]
+    quiet = "quiet" if report_runs.is_quiet(data) else "not quiet"
+    return [
+        f"## {prefix}{lines[0].removeprefix('## ')}",
+        "",
+        f"Run: {report_runs.label(data)} ({quiet}).",
+        *lines[1:],
+    ]
+
+
+def _transcribed(data: dict[str, Any]) -> list[str]:
+    """The section of a run transcribed from a hand-written record: its source, its rows."""
+    return [
+        f"## {data['heading']}",
+        "",
+        f"From a record, not a stored run: {data['source']}",
+        "",
+        "| comparison | figure | target | verdict |",
+        "|---|---|---|---|",
+        *[f"| {' | '.join(row[1:])} |" for row in data["summary_rows"]],
+        "",
+    ]
 
 
 if __name__ == "__main__":

@@ -501,3 +501,30 @@ def test_runnable_block_runs(doc: str, line: int, code: str, tmp_path: Path) -> 
     script = tmp_path / f"{Path(doc).stem}_{line}.py"
     script.write_text(code, encoding="utf-8")
     run_python([str(script)])
+
+
+def test_the_client_reference_names_the_classes_the_client_returns() -> None:
+    """python-client.md's "Returns" column names each method's class as ``repr`` shows it
+    and as ``aqueduct_spark.client`` exports it (issue 27: it said DatasetDescription)."""
+    import typing
+
+    import aqueduct_spark.client as client_pkg
+    from aqueduct_spark.client import Client
+
+    checked = 0
+    for header, rows in tables(read("python-client.md")):
+        if header[:2] != ["Method", "Returns"]:
+            continue
+        for row in rows:
+            method = re.match(r"`(\w+)\(", row[0])
+            returned = code_spans(row[1])
+            if method is None or not returned or not returned[0][0].isupper():
+                continue
+            hint = typing.get_type_hints(getattr(Client, method.group(1)))["return"]
+            cls = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+            if cls is typing.Any or not isinstance(cls, type) or cls.__module__ == "pyarrow.lib":
+                continue
+            assert returned[0] == cls.__name__, (method.group(1), returned[0], cls)
+            assert getattr(client_pkg, cls.__name__) is cls
+            checked += 1
+    assert checked >= 3  # describe, list, create at least

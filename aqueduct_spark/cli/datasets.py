@@ -18,7 +18,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
-from aqueduct_spark.client import Client, DatasetDescription
+from aqueduct_spark.client import Client, DatasetInfo
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Client:
@@ -47,7 +47,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _described(d: DatasetDescription) -> dict[str, Any]:
+def _described(d: DatasetInfo) -> dict[str, Any]:
     return {
         "name": d.name,
         "version": d.version,
@@ -142,11 +142,40 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(offsets["versions"])
         return 0
-    for v in offsets["versions"]:
-        print(
-            f"v{v['version']:<6} {v['timestamp']}  {v['operation']:20} +{v['rows']:,} rows +{_size(v['bytes'])}"
-        )
+    for line in history_lines(offsets["versions"]):
+        print(line)
     return 0
+
+
+_NO_NEW_ROWS = frozenset({"restore", "compact", "vacuum", "vacuum start", "vacuum end"})
+
+
+def history_lines(versions: list[dict[str, Any]]) -> list[str]:
+    """One line per version, as users name what it did (``append +1,000 rows (12.3 KB)``,
+    ``delete -2,198 rows where ...``); a vacuum's two versions (start and end) are one line.
+    A service older than ``action`` shows Delta's operation and the rows added."""
+    lines = []
+    i = 0
+    while i < len(versions):
+        v = versions[i]
+        action, label = v.get("action") or v["operation"], f"v{v['version']}"
+        then = versions[i + 1] if i + 1 < len(versions) else {}
+        if action == "vacuum start" and then.get("action") == "vacuum end":
+            v, action, label = then, "vacuum", f"v{v['version']}-{then['version']}"
+            i += 1
+        size = _size(v["bytes"])
+        if v.get("rows_removed") is not None:
+            what = f"-{v['rows_removed']:,} rows"
+        elif action == "overwrite":
+            what = f"wrote {v['rows']:,} rows ({size})"
+        elif action in _NO_NEW_ROWS or not (v["rows"] or action == "append"):
+            what = ""  # a restore or compaction adds files of rows that were there before
+        else:
+            what = f"+{v['rows']:,} rows ({size})"
+        text = "  ".join(t for t in (what, v.get("detail") or "") if t)
+        lines.append(f"{label:<8} {v['timestamp']}  {action:<12} {text}".rstrip())
+        i += 1
+    return lines
 
 
 def cmd_drop(args: argparse.Namespace) -> int:

@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from aqueduct_spark.client.blocking import Client
     from aqueduct_spark.client.config import CHUNK_BYTES, ClientConfig
     from aqueduct_spark.client.failures import CannotConnect, ServiceUnreachable
-    from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction, to_wire_filters
+    from aqueduct_spark.client.models import (
+        DatasetDescription,
+        DatasetInfo,
+        Plan,
+        Transaction,
+        to_wire_filters,
+    )
     from aqueduct_spark.client.retry import RetryPolicy
     from aqueduct_spark.client.urls import DEFAULT_PORT, Endpoint, parse_endpoints, parse_url
 else:
@@ -39,6 +45,7 @@ __all__ = [
     "Client",
     "ClientConfig",
     "DatasetDescription",
+    "DatasetInfo",
     "Endpoint",
     "Plan",
     "RetryPolicy",

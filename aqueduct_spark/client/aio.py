@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import frames
-from aqueduct_spark.client.models import DatasetDescription
+from aqueduct_spark.client.models import DatasetInfo
 from aqueduct_spark.client.reads import Reads
 from aqueduct_spark.client.subscriptions import Subscriptions
 from aqueduct_spark.client.writes import Writes
@@ -34,14 +34,14 @@ class AsyncClient(Reads, Writes, Subscriptions):
         """:meth:`read` as a Polars DataFrame (same arguments; needs ``pip install polars``)."""
         return frames.to_polars(await self.read(name, **kw))
 
-    async def list(self) -> list[DatasetDescription]:
+    async def list(self) -> list[DatasetInfo]:
         result = await self.call("list")
-        return [DatasetDescription.from_wire(d) for d in result["datasets"]]
+        return [DatasetInfo.from_wire(d) for d in result["datasets"]]
 
     async def describe(
         self, name: str, *, version: int | None = None, timestamp: Any = None
-    ) -> DatasetDescription:
-        return DatasetDescription.from_wire(
+    ) -> DatasetInfo:
+        return DatasetInfo.from_wire(
             await self.call("describe", dataset=name, version=version, timestamp=timestamp)
         )
 
@@ -52,8 +52,8 @@ class AsyncClient(Reads, Writes, Subscriptions):
         *,
         partition_by: Sequence[str] = (),
         exist_ok: bool = False,
-    ) -> DatasetDescription:
-        return DatasetDescription.from_wire(
+    ) -> DatasetInfo:
+        return DatasetInfo.from_wire(
             await self.call(
                 "create",
                 idempotent=False,

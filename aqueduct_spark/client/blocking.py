@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from aqueduct_spark.client import frames
 from aqueduct_spark.client.config import ClientConfig
-from aqueduct_spark.client.models import DatasetDescription, Plan, Transaction
+from aqueduct_spark.client.models import DatasetInfo, Plan, Transaction
 from aqueduct_spark.client.pool import Portal, pooled, unpool
 
 T = TypeVar("T")
@@ -42,13 +42,13 @@ class Client:
     def _run(self, coro: Awaitable[T]) -> T:
         return self._portal.run(coro)
 
-    def list(self) -> list[DatasetDescription]:
+    def list(self) -> list[DatasetInfo]:
         return self._run(self._client.list())
 
-    def describe(self, name: str, **kw: Any) -> DatasetDescription:
+    def describe(self, name: str, **kw: Any) -> DatasetInfo:
         return self._run(self._client.describe(name, **kw))
 
-    def create(self, name: str, schema: pa.Schema, **kw: Any) -> DatasetDescription:
+    def create(self, name: str, schema: pa.Schema, **kw: Any) -> DatasetInfo:
         return self._run(self._client.create(name, schema, **kw))
 
     def drop(self, name: str, **kw: Any) -> bool:

@@ -13,9 +13,12 @@ from aqueduct_spark.protocol.filters import to_wire_filters
 
 __all__ = ["DatasetDescription", "Plan", "Transaction", "to_wire_filters"]
 
-DatasetDescription = P.DatasetInfo
-"""What ``describe`` and ``list`` answer: the protocol's own message class, under the name
-the client has always used."""
+DatasetInfo = P.DatasetInfo
+"""What ``describe``, ``list`` and ``create`` answer: the protocol's own message class (the
+name its ``repr`` shows, and the dataset protocol's)."""
+DatasetDescription = DatasetInfo
+"""The name the client used for :data:`DatasetInfo` before; the same class, kept so code
+that imports it keeps working."""
 
 
 @dataclass(frozen=True)

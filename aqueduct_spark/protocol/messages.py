@@ -287,6 +287,13 @@ class VersionInfo:
     bytes_added: int
     files_added: int
     data_change: bool
+    action: str = ""
+    """What the version did as users name it: ``append``, ``overwrite``, ``delete``,
+    ``vacuum start``, ... (``operation`` is Delta's name: ``WRITE``, ``DELETE``, ...)."""
+    rows_removed: int | None = None
+    """Rows the version deleted, where its commit says (a delete's); else None."""
+    detail: str = ""
+    """A delete's or replaceWhere's condition, a restore's version, a vacuum's files."""
 
     def to_wire(self) -> dict[str, Any]:
         """One entry of the ``offsets`` reply's ``versions``."""
@@ -297,6 +304,9 @@ class VersionInfo:
             "rows": self.rows_added,
             "bytes": self.bytes_added,
             "data_change": self.data_change,
+            "action": self.action,
+            "rows_removed": self.rows_removed,
+            "detail": self.detail,
         }
 
 

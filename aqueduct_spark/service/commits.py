@@ -308,6 +308,8 @@ def commit(
         active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
         adds = staging.verify_staged(name, fs, files, write_schema, table_parts, active)
         meta = commit_meta(mode, adds, commit_id)
+        if replace_where is not None:  # history shows it: "overwrite where ..."
+            meta["replace_where"] = replace_where
         before = table.version()
         actions: list[AddAction | RemoveAction] = [*adds]
         delta_mode = mode

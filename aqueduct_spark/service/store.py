@@ -56,7 +56,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import changes, commits, delta_log, delta_types, scan, staging
+from . import changes, commits, delta_log, delta_types, history, scan, staging
 from .binding import Condition
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
@@ -123,29 +123,7 @@ class Store(Tables):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
         fs = self.filesystem(name)
         times = delta_log.commit_times(fs)
-        versions = [v for v in sorted(times) if v >= (since_version or 0)]
-        out = []
-        for v, actions in zip(versions, delta_log.read_logs(fs, versions), strict=True):
-            info = delta_log.commit_info(actions)
-            meta = info.get(METADATA_KEY)
-            if isinstance(meta, dict) and {"rows", "bytes", "files"} <= meta.keys():
-                added = (int(meta["rows"]), int(meta["bytes"]), int(meta["files"]))
-                change = bool(meta.get("data_change", True))
-            else:  # a commit made by another writer
-                *counts, change = delta_log.added_by(actions)
-                added = (int(counts[0]), int(counts[1]), int(counts[2]))
-            out.append(
-                VersionInfo(
-                    version=v,
-                    timestamp=times[v],
-                    operation=str(info.get("operation", "")),
-                    rows_added=added[0],
-                    bytes_added=added[1],
-                    files_added=added[2],
-                    data_change=bool(change),
-                )
-            )
-        return out
+        return history.history(fs, times, [v for v in sorted(times) if v >= (since_version or 0)])
 
     # -- creating and dropping ---------------------------------------------------------------------
 

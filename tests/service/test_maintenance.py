@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -270,6 +271,76 @@ def test_the_commands(service: ServiceProcess, capsys: pytest.CaptureFixture[str
     # one line of ours, with the closest column (Delta's own text named neither clearly)
     assert "delete from dataset 'maint_cli' where 'idd = 1': no column 'idd' in the dataset " in err
     assert "(did you mean 'id'?)" in err and "DeltaTable" not in err
+
+
+def test_history_names_what_each_version_did(
+    service: ServiceProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aqueduct history`` (issue 27): an overwrite is an overwrite, not ``WRITE``; a delete
+    shows the rows it removed, not the rows its rewrite kept; a vacuum is one line."""
+    from aqueduct_spark import cli
+
+    c = service.client()
+    c.create("hist_cli", SCHEMA)
+    c.append("hist_cli", rows(0, 1, 2))
+    c.overwrite("hist_cli", rows(*range(10)))
+    c.delete("hist_cli", "id < 3")
+    c.restore("hist_cli", 2)
+    c.vacuum("hist_cli", retention_hours=0)
+    conn = ["--url", service.url, "--fingerprint", service.fingerprint]
+    assert cli.main(["history", "hist_cli", *conn]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    label_and_text = [  # without the commit time, and any size as "(n B)"
+        (line.split()[0], re.sub(r"\(\d+ B\)", "(n B)", " ".join(line.split()[3:])))
+        for line in lines
+    ]
+    assert label_and_text[:5] == [
+        ("v0", "create"),
+        ("v1", "append +3 rows (n B)"),
+        ("v2", "overwrite wrote 10 rows (n B)"),
+        ("v3", "delete -3 rows where id < 3"),
+        ("v4", "restore to version 2"),
+    ]
+    (label, text), *_ = label_and_text[5:]
+    assert label == "v5-6" and re.fullmatch(r"vacuum [1-9]\d* files deleted", text), lines
+    assert len(lines) == 6
+    versions = c.offsets("hist_cli")["versions"]
+    assert [(v["operation"], v["action"], v["rows_removed"]) for v in versions[2:4]] == [
+        ("WRITE", "overwrite", None),
+        ("DELETE", "delete", 3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("info", "described"),
+    [  # commits of other writers, as Spark's Delta and deltalake record them
+        (
+            {"operation": "WRITE", "operationParameters": {"mode": "Overwrite"}},
+            ("overwrite", None, ""),
+        ),
+        ({"operation": "WRITE", "operationParameters": {"mode": "Append"}}, ("append", None, "")),
+        ({"operation": "STREAMING UPDATE"}, ("append", None, "")),
+        (
+            {
+                "operation": "DELETE",
+                "operationParameters": {"predicate": '["(id < 3)"]'},
+                "operationMetrics": {"numDeletedRows": "3"},
+            },
+            ("delete", 3, 'where ["(id < 3)"]'),
+        ),
+        ({"operation": "MERGE", "operationMetrics": {"numTargetRowsDeleted": 2}}, ("merge", 2, "")),
+        (
+            {"operation": "VACUUM END", "operationMetrics": {"numDeletedFiles": 4}},
+            ("vacuum end", None, "4 files deleted"),
+        ),
+        ({"operation": "ADD COLUMN"}, ("add columns", None, "")),
+        ({"operation": "CHANGE COLUMN"}, ("change column", None, "")),
+    ],
+)
+def test_history_names_other_writers_commits(info: dict[str, object], described: object) -> None:
+    from aqueduct_spark.service.history import described as describe
+
+    assert describe(info, []) == described
 
 
 def test_serve_flags_default_to_the_config() -> None:

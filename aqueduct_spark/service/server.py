@@ -35,11 +35,11 @@ from aqueduct_core.errors import (
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service import binding, split_files
-from aqueduct_spark.service.access import AccessPolicy, Grant, datasets_named, scan_splits
+from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
-from aqueduct_spark.service.observability import Observer, committed, failed, note, touched
+from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.watch import LogWatch
@@ -108,42 +108,6 @@ def _answer_for(exc: BaseException) -> P.DatasetError:
         return P.Unavailable(f"the request's channel ended: {exc}")
     log.exception("request failed", exc_info=exc)
     return P.InternalError(f"the service failed unexpectedly ({exc or 'no detail'})")
-
-
-def _authorize(
-    grant: Grant | P.Unauthenticated,
-    op: str,
-    req: dict[str, Any],
-    conn: Connection | None,
-    known: frozenset[str],
-) -> Grant:
-    """The grant that allows this request, checked on every dataset it names (a scan: its
-    splits' too); a refusal is raised and logged with the client's address and the token's
-    name, never the token. The dataset allowed is the access line's."""
-    dataset = None
-    try:
-        if isinstance(grant, P.Unauthenticated):
-            raise P.Unauthenticated(grant.message)
-        if op not in known:
-            raise P.InvalidRequest(
-                f"unknown operation {op!r}: the client is newer than this service; upgrade "
-                "the service, or use a client of its version"
-            )
-        names = datasets_named(req)
-        for dataset in names:
-            touched(dataset)
-            grant.check(op, dataset)
-        if len(names) > 1:
-            raise P.InvalidRequest(
-                f"a {op} works on one dataset, and this one names {', '.join(map(repr, names))}; "
-                "send one request per dataset, with the splits its plan gave"
-            )
-    except (P.Unauthenticated, P.PermissionDenied) as refused:
-        peer = conn.peer[0] if conn is not None and conn.peer else "?"
-        what = f"{op} of {dataset}" if dataset else op
-        log.warning("refused %s from %s: %s", what, peer, refused.message)
-        raise
-    return grant
 
 
 def _end_handles(value: Any) -> None:
@@ -310,7 +274,8 @@ class DatasetService:
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
             op = req["op"]
-            grant = _authorize(grant, op, req, conn, self.observer.operations)
+            peer = conn.peer[0] if conn is not None and conn.peer else "?"
+            grant = authorize(grant, req, peer, self.observer.operations)
             if op not in REPLAY_SAFE and conn is not None:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.
@@ -323,7 +288,7 @@ class DatasetService:
                 await self._write(req, session)
             elif op == "subscribe":
                 await self._subscribe(req, session)
-            else:  # one of the one-reply requests (_authorize refused unknown operations)
+            else:  # one of the one-reply requests (authorize refused unknown operations)
                 result = await self._pool.run(session, self._ops[op], req)
                 if op == "list":  # only the datasets this token may read
                     result["datasets"] = [
@@ -422,7 +387,7 @@ class DatasetService:
 
     async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
         # "splits" (a plan's task, several scanned as one) or "split" (one: the first form):
-        # the very splits whose dataset _authorize checked
+        # the very splits whose dataset authorize checked
         raws, many = scan_splits(req)
         columns = field(req, "columns", list, None)
         expression = binding.Condition.from_wire(req.get("filters"))

@@ -499,3 +499,35 @@ def test_configuration_mistakes_name_the_entry(monkeypatch: pytest.MonkeyPatch) 
     assert grant.token == "from-env" and grant.datasets == ("x",) and grant.rights == "read"
     with pytest.raises(ValueError, match="repeats a token"):
         AccessPolicy.of("same", [Grant("same")])
+
+
+def test_authorize_checks_every_dataset_a_request_names(caplog: pytest.LogCaptureFixture) -> None:
+    from aqueduct_spark.service.access import authorize
+
+    reader = Grant("t", "read", ("trips_*", "cities"), "reader")
+    known = frozenset({"list", "describe", "scan", "drop"})
+    split = {"dataset": "cities", "path": "a.parquet"}
+    assert authorize(reader, {"op": "scan", "split": split}, "10.0.0.7", known) is reader
+    assert authorize(reader, {"op": "list"}, "10.0.0.7", known) is reader
+    refusals = [
+        ({"op": "scan", "dataset": "cities", "splits": [{**split, "dataset": "trips"}]}, "trips"),
+        ({"op": "scan", "splits": [split, {**split, "dataset": "trips"}]}, "trips"),
+        ({"op": "describe", "dataset": "citizens"}, "citizens"),
+    ]
+    for req, refused in refusals:
+        with pytest.raises(P.PermissionDenied, match=f"no rights on dataset '{refused}'"):
+            authorize(reader, req, "10.0.0.7", known)
+        assert f"refused {req['op']} of {refused} from 10.0.0.7: reader" in caplog.text
+    invalid = [
+        ({"op": "scan", "splits": [split, {**split, "dataset": "trips_1"}]}, "one dataset"),
+        ({"op": "scan", "split": split, "splits": [split]}, "not both"),
+        ({"op": "scan"}, "names no split"),
+        ({"op": "describe"}, "names no dataset"),
+        ({"op": "describe", "dataset": ["cities"]}, "must be text"),
+        ({"op": "frobnicate", "dataset": "cities"}, "unknown operation"),
+    ]
+    for req, message in invalid:
+        with pytest.raises(P.InvalidRequest, match=message):
+            authorize(reader, req, "10.0.0.7", known)
+    with pytest.raises(P.Unauthenticated):  # before anything else
+        authorize(P.Unauthenticated("no token"), {"op": "frobnicate"}, "10.0.0.7", known)

@@ -120,6 +120,7 @@ class Reads(Session):
                 "columns": list(columns) if columns is not None else None,
                 "filters": to_wire_filters(filter),
                 "batch_rows": batch_rows,
+                "max_batch_bytes": self.config.max_batch_bytes,
                 "out": tx,
             }
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -88,7 +88,10 @@ class Writes(Session):
         try:
             async for batch in _aiter(batches):
                 batch = _conform(batch, target)
-                for piece, payload in _payloads(batch, self.config.chunk_bytes, options, limit):
+                pieces = P.payloads_within(
+                    batch, options, limit.bytes, limit.too_large, self.config.chunk_bytes
+                )
+                for piece, payload in pieces:
                     await tx.send(payload, headers=[P.batch_header(piece.num_rows, seq)])
                     seq += 1
         except ChannelError:
@@ -255,35 +258,3 @@ class BatchLimit:
             "service's --max-batch-bytes), or keep values this large outside the dataset "
             "(in object storage, say) and store where they are"
         )
-
-
-def _payloads(
-    batch: pa.RecordBatch, chunk_bytes: int, options: pa.ipc.IpcWriteOptions, limit: BatchLimit
-) -> Iterator[tuple[pa.RecordBatch, Any]]:
-    """``batch`` in slices of about ``chunk_bytes``, each with its data message; a slice
-    whose message is over the limit is halved. A single row over it cannot be sent:
-    InvalidRequest, before anything of it is (the service would refuse it and close the
-    channel, which looked like a lost connection)."""
-    todo = list(_slices(batch, min(chunk_bytes, limit.bytes)))
-    todo.reverse()
-    while todo:
-        piece = todo.pop()
-        payload = P.batch_to_payload(piece, options)
-        size = P.read_data_message(payload).size  # compressed: as the service will count it
-        if size <= limit.bytes:
-            yield piece, payload
-        elif piece.num_rows > 1:
-            half = piece.num_rows // 2
-            todo += [piece.slice(half), piece.slice(0, half)]
-        else:
-            raise limit.too_large(size)
-
-
-def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
-    size = batch.nbytes
-    if size <= limit or batch.num_rows <= 1:
-        yield batch
-        return
-    rows = max(1, batch.num_rows * limit // size)
-    for start in range(0, batch.num_rows, rows):
-        yield batch.slice(start, rows)

@@ -4,7 +4,7 @@ Aqueduct message, and the per-batch and error message headers (§6 of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,43 @@ def read_data_message(data: Any) -> DataMessage:
     if found.compressed:
         size = max(size, message.metadata.size + found.decoded)
     return DataMessage(message, size, found.compressed)
+
+
+def payloads_within(
+    batch: pa.RecordBatch,
+    options: pa.ipc.IpcWriteOptions,
+    limit: int,
+    too_large: Callable[[int], DatasetError],
+    chunk_bytes: int | None = None,
+) -> Iterator[tuple[pa.RecordBatch, Any]]:
+    """``batch`` as data messages of at most ``limit`` bytes each, as the receiver counts
+    them (:func:`read_data_message`: a compressed message at its decompressed size), in
+    slices of about ``chunk_bytes`` (default: ``limit``); each slice with its message. A
+    slice over the limit is halved; a single row over it raises ``too_large(size)`` before
+    anything of it is sent (the receiver would refuse it, or lose the connection over it)."""
+    todo = list(_slices(batch, min(chunk_bytes or limit, limit)))
+    todo.reverse()
+    while todo:
+        piece = todo.pop()
+        payload = batch_to_payload(piece, options)
+        size = read_data_message(payload).size
+        if size <= limit:
+            yield piece, payload
+        elif piece.num_rows > 1:
+            half = piece.num_rows // 2
+            todo += [piece.slice(half), piece.slice(0, half)]
+        else:
+            raise too_large(size)
+
+
+def _slices(batch: pa.RecordBatch, limit: int) -> Iterator[pa.RecordBatch]:
+    size = batch.nbytes
+    if size <= limit or batch.num_rows <= 1:
+        yield batch
+        return
+    rows = max(1, batch.num_rows * limit // size)
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
 
 
 def describe_size(message: DataMessage) -> str:

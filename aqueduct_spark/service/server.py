@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from functools import partial
@@ -37,6 +37,7 @@ from aqueduct_spark import protocol as P
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
+from aqueduct_spark.service.batch_limits import payloads_for_reader, reader_limit, stage_batch
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
@@ -397,6 +398,7 @@ class DatasetService:
         wanted = P.find_header(out.headers, P.H_SCHEMA)
         target = P.schema_from_bytes(wanted) if wanted else None
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
+        limit = reader_limit(req)
         out.ordered(maxsize=SCAN_QUEUE)
 
         def scan_one(raw: dict[str, Any]) -> Iterator[pa.RecordBatch]:
@@ -425,7 +427,7 @@ class DatasetService:
             for batch in scan_all():
                 if target is not None and batch.schema != target:
                     batch = _cast(batch, target)
-                yield P.batch_to_payload(batch, options), batch.num_rows
+                yield from payloads_for_reader(batch, options, limit)
 
         batches = produce()
         seq = 0
@@ -464,7 +466,7 @@ class DatasetService:
                     raise P.error_from_wire(cbor2.loads(error))
                 limit = self.config.max_batch_bytes
                 added = await self._pool.run(
-                    session, _stage_batch, writer.write, delivery.value, schema, limit
+                    session, stage_batch, writer.write, delivery.value, schema, limit
                 )
                 rows += added
                 note(rows=added, nbytes=len(delivery.value), direction="in")
@@ -503,27 +505,6 @@ class _Subscriber:
             self._changed.clear()
             await self._changed.wait()
         return self.latest
-
-
-def _stage_batch(
-    stage: Callable[[pa.RecordBatch], None], payload: Any, schema: pa.Schema, limit: int
-) -> int:
-    """Check one data message of a write against ``limit`` (``--max-batch-bytes``), decode
-    and stage it; its rows. A compressed message counts at the size it declares it
-    decompresses to, checked before anything is decompressed. Runs on a worker thread: the
-    event loop never decompresses, at most ``threads`` messages are being decoded at once
-    however many writes are in flight, and the messages waiting for a thread wait as they
-    arrived (compressed, within their channel's flow window)."""
-    message = P.read_data_message(payload)
-    if message.size > limit:
-        raise P.InvalidRequest(
-            f"a data message of {P.describe_size(message)} is over the service's limit of "
-            f"{limit / 2**20:g} MiB for one data message; split the data into smaller "
-            "batches, or raise the limit (aqueduct serve --max-batch-bytes)"
-        )
-    batch = message.decode(schema)
-    stage(batch)
-    return int(batch.num_rows)
 
 
 def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

@@ -61,6 +61,28 @@ def test_a_compressed_row_counts_at_its_decompressed_size(service: ServiceProces
         c.write("compressed_cell", cell)
 
 
+def test_a_read_arrives_within_the_readers_limit_and_a_row_over_it_is_named(
+    service: ServiceProcess,
+) -> None:
+    """The reader's limit travels with the scan: a batch over it arrives in pieces, and a
+    row over it fails at once naming maxBatchBytes (it used to close the reader's
+    connection: ConnectionLost, retried)."""
+    writer = service.client()
+    rows = pa.table({"id": list(range(8)), "blob": [bytes(300 * 1024)] * 8}, schema=SCHEMA)
+    writer.write("cut_to_fit", rows)  # one 2.4 MiB batch when scanned
+    small = service.client(max_batch_bytes=MiB)
+    batches = list(small.read_batches("cut_to_fit"))
+    assert len(batches) >= 3 and all(b.nbytes <= MiB for b in batches)
+    assert sorted(i for b in batches for i in b.column("id").to_pylist()) == list(range(8))
+
+    writer.write("cell_over", pa.table({"id": [1], "blob": [bytes(2 * MiB)]}, schema=SCHEMA))
+    started = time.monotonic()
+    with pytest.raises(P.InvalidRequest, match=r"over the reader's limit of 1 MiB") as e:
+        small.read("cell_over")
+    assert time.monotonic() - started < 10  # not retried
+    assert "2.0 MiB once encoded" in str(e.value) and "maxBatchBytes" in str(e.value)
+
+
 @pytest.mark.slow  # 100 MiB each way: about 12 s
 def test_a_100_mib_cell_goes_through_with_the_limit_raised_on_both_sides(
     roomy: ServiceProcess, tmp_path: Path

@@ -33,7 +33,6 @@ from aqueduct_core.api import Connection, Receiver
 from aqueduct_core.transport import ClientTLS, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, ClientConfig
-from aqueduct_spark.client import writes as client_writes
 from aqueduct_spark.protocol.ipc_meta import declared
 from aqueduct_spark.testing import ServiceProcess, start_service
 
@@ -242,7 +241,7 @@ def test_a_compression_bomb_is_refused_before_it_is_decompressed(
         client = client_of(svc, transport, compression="zstd")
         try:
             txn = await client.begin("bombed", SCHEMA)
-            monkeypatch.setattr(client_writes, "_payloads", unchecked)
+            monkeypatch.setattr(P, "payloads_within", unchecked)
             with pytest.raises(P.InvalidRequest) as refused:
                 await client.write_task(txn, [zeros(8)])
             monkeypatch.undo()

@@ -150,6 +150,48 @@ def test_every_pushed_filter_gives_the_rows_spark_would(
         assert_df_equality(got, data.filter(condition), ignore_row_order=True), condition
 
 
+TYPED = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("ts", TimestampType()),
+        StructField("ntz", TimestampNTZType()),
+        StructField("day", DateType()),
+        StructField("price", DecimalType(10, 2)),
+        StructField("zip", StringType()),
+    ]
+)
+
+
+def test_pushed_filters_on_typed_columns_give_the_rows_spark_would(
+    spark: Any, service: ServiceProcess, filter_pushdown: None
+) -> None:
+    """Spark pushes each value in its column's type: a TIMESTAMP_NTZ's naive datetime (which
+    CBOR cannot carry: it failed with "naive datetime encountered"), an instant, a date, a
+    Decimal; the service binds them by the same rules as every condition (issue 27)."""
+    rows = [
+        (
+            i,
+            dt.datetime(2026, 1, i, 12, tzinfo=dt.UTC),
+            dt.datetime(2026, 1, i, 12),
+            dt.date(2026, 1, i),
+            decimal.Decimal(f"{i}.25"),
+            f"0{i}50",
+        )
+        for i in (1, 2, 3, 4)
+    ]
+    data = spark.createDataFrame(rows, TYPED)
+    write(data, service, "typed_pushed", mode="overwrite")
+    for condition in [
+        "ntz >= '2026-01-02 12:00:00' AND day < '2026-01-04'",
+        # the session's zone is UTC
+        "ts < '2026-01-03 13:00:00' AND price > 1.3 AND zip IN ('0150', '0250')",
+    ]:
+        # a DataFrame per query: Spark 4.3 reuses a pushed plan on its relation (see below)
+        got = read(spark, service, "typed_pushed", pushDownPredicate="true").filter(condition)
+        assert pushed_filters(got), condition
+        assert_df_equality(got, data.filter(condition), ignore_row_order=True), condition
+
+
 def test_pushdown_is_declined_by_default_so_a_reused_dataframe_stays_right(
     spark: Any, service: ServiceProcess, filter_pushdown: None
 ) -> None:

@@ -23,7 +23,8 @@ a CLOSE frame for the peer.
 *Credit.* Each stream has its own window of bytes (minmux's GiveCredit): a sender may have at
 most the receiver's window outstanding on a stream. Because the transport hands every payload
 byte to the engine at once (as the QUIC adapter does), the receiver treats parsed bytes as
-consumed and tops the window up when half of it is used; ``auto_credit=False`` leaves granting
+consumed and, once at most half of the initial window remains on a stream, grants what brings
+it back to the initial window; ``auto_credit=False`` leaves granting
 to :meth:`grant` (tests use it to stall one stream and watch the others flow). Sending more
 than the credit is a LIMIT_VIOLATION. Credit is per stream only: the connection-wide limit is
 TCP's own window, so a stalled stream never holds back another beyond TCP's ordering.
@@ -38,9 +39,11 @@ streams wait, in order. Datagrams wait in a queue of at most ``datagram_queue`` 
 is full the oldest are dropped, which is what "unreliable" means here: the engine already
 declares and nacks datagrams that never arrive.
 
-*Liveness.* A PING is sent every ``ping_interval``; a PING unanswered for the idle timeout, or
-nothing at all received for the idle timeout, closes the connection with code
-:data:`IDLE_TIMEOUT`. The first catches a peer that keeps sending but stopped reading.
+*Liveness.* A PING is sent ``ping_interval`` (at most a third of the idle timeout) after the
+previous one, or when the previous one is answered if that is later; a PING unanswered for the
+idle timeout, or nothing at all received for the idle timeout, closes the connection with code
+:data:`IDLE_TIMEOUT`. The first catches a peer that keeps sending but stopped reading. Until
+the peer's SETTINGS arrive, ``settings_deadline`` bounds the wait (code HANDSHAKE_TIMEOUT).
 
 *Closing.* :meth:`close` discards queued data (as QUIC does), queues CLOSE with a code and a
 reason, and ends the connection; after CLOSE has been handed out, the transport closes TCP.
@@ -58,6 +61,7 @@ from aqueduct_core.transport.mux_wire import (
     HEADER,
     HEADER_SIZE,
     IDLE_TIMEOUT,
+    MAX_REASON,
     MAX_VARINT,
     STREAM_HEAD,
     TWO_U64,
@@ -124,10 +128,16 @@ class MuxConnection:
         *,
         now: float = 0.0,
         auto_credit: bool = True,
+        settings_deadline: float | None = None,
+        handshake_timeout: float | None = None,
     ) -> None:
         self.client = client
         self.settings = s = settings or MuxSettings()
         self.auto_credit = auto_credit
+        self.settings_deadline = settings_deadline
+        """The peer's SETTINGS must arrive by then (the handshake timeout after TCP
+        connected); else CLOSE with HANDSHAKE_TIMEOUT."""
+        self._handshake_timeout = handshake_timeout
         self.peer: PeerSettings | None = None
         self.closed = False
         self.close_code: int | None = None
@@ -307,7 +317,7 @@ class MuxConnection:
             self._on_settings(body, events)
         elif ftype == FrameType.CLOSE:
             code = U64.unpack(body[:8])[0]
-            reason = bytes(body[8:]).decode("utf-8", "replace")
+            reason = bytes(body[8 : 8 + MAX_REASON]).decode("utf-8", "replace")
             self._end()
             self.close_code = code
             events.append(ConnectionClosed(code, reason, True))
@@ -526,18 +536,32 @@ class MuxConnection:
         peer = self.peer.idle_timeout if self.peer is not None else None
         return min(own, peer) if peer else own
 
+    def _ping_interval(self, idle: float) -> float:
+        return min(self.settings.ping_interval, idle / 3)
+
     def next_timer(self) -> float | None:
+        """When :meth:`handle_timer` has work next: the SETTINGS deadline, the idle timeout,
+        or the next PING (due an interval after the previous one was sent, once that one
+        was answered). It moves earlier when a PING is answered: re-arm after receiving."""
         if self.closed:
             return None
         idle = self._idle_timeout()
         when = self._last_rx + idle
+        if self.peer is None and self.settings_deadline is not None:
+            when = min(when, self.settings_deadline)
         if self._ping_out is not None:
             return min(when, self._ping_at + idle)
-        return min(when, self._ping_at + min(self.settings.ping_interval, idle / 3))
+        return min(when, self._ping_at + self._ping_interval(idle))
 
     def handle_timer(self, now: float) -> list[MuxEvent]:
         if self.closed:
             return []
+        deadline = self.settings_deadline
+        if self.peer is None and deadline is not None and now >= deadline:
+            limit = f" ({self._handshake_timeout:g} s)" if self._handshake_timeout else ""
+            reason = f"no SETTINGS from the peer within the handshake timeout{limit}"
+            self.close(CloseCode.HANDSHAKE_TIMEOUT, reason)
+            return [ConnectionClosed(CloseCode.HANDSHAKE_TIMEOUT, reason, False)]
         idle = self._idle_timeout()
         reason = ""
         if now >= self._last_rx + idle:
@@ -547,9 +571,7 @@ class MuxConnection:
         if reason:
             self.close(IDLE_TIMEOUT, reason)
             return [ConnectionClosed(IDLE_TIMEOUT, reason, False)]
-        if self._ping_out is None and now >= self._ping_at + min(
-            self.settings.ping_interval, idle / 3
-        ):
+        if self._ping_out is None and now >= self._ping_at + self._ping_interval(idle):
             self._ping_out = os.urandom(8)
             self._ping_at = now
             self._urgent.append(encode_frame(FrameType.PING, 0, self._ping_out))

@@ -34,8 +34,13 @@ MIN_FRAME_SIZE = 16384
 MAX_FRAME_SIZE = (1 << 24) - 1
 MAX_SETTINGS_BODY = 640
 """64 settings; a SETTINGS frame above this is a LIMIT_VIOLATION."""
+MIN_STREAMS = 100
+"""The smallest MAX_STREAMS: Aqueduct holds a stream open for a channel's whole life (its
+receiver's acks, its ordered sender's data), so a smaller limit stalls a connection with a
+handful of channels (at 1: after the first reply, behind the entrypoint's ack stream)."""
 MAX_REASON = 1024
-"""Bytes of CLOSE reason sent at most (a longer reason is truncated)."""
+"""Bytes of CLOSE reason sent at most (a longer reason is truncated at a character
+boundary); a receiver reads at most this many and replaces what is not UTF-8."""
 IDLE_TIMEOUT = 6
 """Close code of Aqueduct over TCP: the peer was silent, or left a PING unanswered, for the
 idle timeout (on QUIC the library closes silently)."""
@@ -79,7 +84,7 @@ class MuxSettings:
     initial_stream_credit: int = 16 * 1024 * 1024
     """Bytes the peer may send on each stream it opens before we grant more."""
     max_streams: int = 10_000
-    """Streams the peer may have open at once. One more: LIMIT_VIOLATION."""
+    """Streams the peer may have open at once (at least 100). One more: LIMIT_VIOLATION."""
     max_datagram: int = 65536
     """Largest DATAGRAM body we accept (0: none). Larger: LIMIT_VIOLATION."""
     datagram_queue: int = 256 * 1024
@@ -90,7 +95,8 @@ class MuxSettings:
     """Close after this long without a byte from the peer or an answer to our PING (the
     transport uses the smaller of this and ``TransportConfig.idle_timeout``)."""
     ping_interval: float = 10.0
-    """Send a PING this often (at most a third of the idle timeout)."""
+    """Send a PING this long after the previous one (a third of the idle timeout if that is
+    shorter), once the previous one was answered."""
 
     def __post_init__(self) -> None:
         if not MIN_FRAME_SIZE <= self.max_frame_size <= MAX_FRAME_SIZE:
@@ -99,8 +105,8 @@ class MuxSettings:
             raise ValueError("max_datagram must be in [0, max_frame_size]")
         if not 1 <= self.initial_stream_credit <= MAX_VARINT:
             raise ValueError("initial_stream_credit must be at least 1")
-        if not 1 <= self.max_streams <= MAX_VARINT:
-            raise ValueError("max_streams must be at least 1")
+        if not MIN_STREAMS <= self.max_streams <= MAX_VARINT:
+            raise ValueError(f"max_streams must be at least {MIN_STREAMS}")
         if self.chunk_size < 1024 or self.datagram_queue < 0:
             raise ValueError("chunk_size must be at least 1024, datagram_queue not negative")
         if self.idle_timeout <= 0 or self.ping_interval <= 0:
@@ -180,51 +186,59 @@ def protocol_error(code: CloseCode, message: str) -> MuxProtocolError:
     return MuxProtocolError(f"mux: {message}", code)
 
 
+_FLAGS: dict[int, int] = {
+    FrameType.SETTINGS: 0,
+    FrameType.STREAM: FLAG_FIN,
+    FrameType.RESET: 0,
+    FrameType.CREDIT: 0,
+    FrameType.DATAGRAM: 0,
+    FrameType.PING: FLAG_ACK,
+    FrameType.CLOSE: 0,
+}
+"""The flag bits each frame type defines (its keys are the known types)."""
+
+
 def check_header(
     ftype: int, flags: int, length: int, settings: MuxSettings, peer_ready: bool
 ) -> None:
-    """The rules a frame header alone must meet (type, flags, length against ``settings``,
-    ours; ``peer_ready``: the peer's SETTINGS arrived). Raises MuxProtocolError."""
-    if not peer_ready and ftype != FrameType.SETTINGS and ftype != FrameType.CLOSE:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"frame type {ftype:#x} before SETTINGS")
-    if ftype == FrameType.STREAM:
-        if flags & ~FLAG_FIN:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"STREAM flags {flags:#x}")
-        if length < 8:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "STREAM frame shorter than its id")
-    elif ftype == FrameType.PING:
-        if flags & ~FLAG_ACK:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"PING flags {flags:#x}")
-        if length != 8:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "PING body is not 8 bytes")
-    elif ftype in (FrameType.RESET, FrameType.CREDIT):
-        if flags or length != 16:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"malformed {FrameType(ftype).name}")
+    """The rules a frame header alone must meet, before any byte of its body is read, in
+    the profile's order (the first rule broken decides the code): the type is known; the
+    peer's first frame is SETTINGS (or CLOSE) and no SETTINGS comes twice; no undefined
+    flag; the length within our limits (LIMIT_VIOLATION); the length fits the type's fixed
+    fields. ``settings`` are ours; ``peer_ready``: the peer's SETTINGS arrived. Raises
+    MuxProtocolError."""
+    allowed = _FLAGS.get(ftype)
+    if allowed is None:
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"unknown frame type {ftype:#x}")
+    name = FrameType(ftype).name
+    if not peer_ready:
+        if ftype != FrameType.SETTINGS and ftype != FrameType.CLOSE:
+            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} before SETTINGS")
     elif ftype == FrameType.SETTINGS:
-        if peer_ready:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "a second SETTINGS frame")
-        if flags or length % SETTING.size:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "malformed SETTINGS")
-        if length > MAX_SETTINGS_BODY:
-            raise protocol_error(CloseCode.LIMIT_VIOLATION, "SETTINGS frame too large")
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "a second SETTINGS frame")
+    if flags & ~allowed:
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} flags {flags:#x}")
+    if length > settings.max_frame_size:
+        raise protocol_error(
+            CloseCode.LIMIT_VIOLATION,
+            f"{name} frame of {length} bytes, limit {settings.max_frame_size}",
+        )
+    if ftype == FrameType.STREAM or ftype == FrameType.CLOSE:
+        if length < 8:
+            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} frame shorter than 8")
     elif ftype == FrameType.DATAGRAM:
-        if flags:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"DATAGRAM flags {flags:#x}")
-        if length > settings.max_datagram:
+        if length > settings.max_datagram or not settings.max_datagram:
             raise protocol_error(
                 CloseCode.LIMIT_VIOLATION,
                 f"DATAGRAM of {length} bytes, limit {settings.max_datagram}",
             )
-    elif ftype == FrameType.CLOSE:
-        if flags or length < 8:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "malformed CLOSE")
-    else:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"unknown frame type {ftype:#x}")
-    if length > settings.max_frame_size:
-        raise protocol_error(
-            CloseCode.LIMIT_VIOLATION,
-            f"frame of {length} bytes, limit {settings.max_frame_size}",
-        )
+    elif ftype == FrameType.SETTINGS:
+        if length > MAX_SETTINGS_BODY:
+            raise protocol_error(CloseCode.LIMIT_VIOLATION, "SETTINGS frame too large")
+        if length % SETTING.size:
+            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "SETTINGS not whole entries")
+    elif length != (8 if ftype == FrameType.PING else 16):
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} body of {length} bytes")
 
 
 def parse_settings(body: Payload) -> PeerSettings:
@@ -237,15 +251,22 @@ def parse_settings(body: Payload) -> PeerSettings:
         seen[key] = value
     frame = seen.get(Setting.MAX_FRAME_SIZE, MIN_FRAME_SIZE)
     credit = seen.get(Setting.INITIAL_STREAM_CREDIT, 65536)
-    streams = seen.get(Setting.MAX_STREAMS, 100)
+    streams = seen.get(Setting.MAX_STREAMS, MIN_STREAMS)
     datagram = seen.get(Setting.MAX_DATAGRAM, 0)
     idle = seen.get(Setting.IDLE_TIMEOUT_MS, 0)
+    bad = None
     if not MIN_FRAME_SIZE <= frame <= MAX_FRAME_SIZE:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"MAX_FRAME_SIZE {frame} out of range")
-    if not 1 <= credit <= MAX_VARINT or not 1 <= streams <= MAX_VARINT:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "INITIAL_STREAM_CREDIT or MAX_STREAMS 0")
-    if datagram > frame or idle > MAX_VARINT:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "MAX_DATAGRAM above MAX_FRAME_SIZE")
+        bad = f"MAX_FRAME_SIZE {frame} not in [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE}]"
+    elif not 1 <= credit <= MAX_VARINT:
+        bad = f"INITIAL_STREAM_CREDIT {credit} not in [1, 2^62-1]"
+    elif not MIN_STREAMS <= streams <= MAX_VARINT:
+        bad = f"MAX_STREAMS {streams} not in [{MIN_STREAMS}, 2^62-1]"
+    elif datagram > frame:
+        bad = f"MAX_DATAGRAM {datagram} above MAX_FRAME_SIZE {frame}"
+    elif idle > MAX_VARINT:
+        bad = f"IDLE_TIMEOUT_MS {idle} above 2^62-1"
+    if bad is not None:
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, bad)
     return PeerSettings(frame, credit, streams, datagram, idle / 1000 if idle else None)
 
 

@@ -10,7 +10,6 @@ import pytest
 from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.mux import MuxConnection
 from aqueduct_core.transport.mux_wire import (
-    FLAG_ACK,
     FLAG_FIN,
     IDLE_TIMEOUT,
     ConnectionClosed,
@@ -80,19 +79,24 @@ def violation(conn: MuxConnection, data: bytes) -> MuxProtocolError:
 
 
 def test_golden_vector_from_the_profile() -> None:
+    """The worked example of profile §7 (tests/core/test_tcp_profile.py sends it to a real
+    server): our SETTINGS with the defaults, the client's three frames, the answer."""
     assert encode_settings({1: 1 << 20}) == bytes.fromhex("01 00 0000000a 0001 0000000000100000")
     s = MuxConnection(False)
+    assert wire(s) == bytes.fromhex(
+        "01 00 00000032  0001 0000000000100000  0002 0000000001000000  0003 0000000000002710"
+        "0004 0000000000010000  0005 0000000000007530"
+    )
+    hello = bytes.fromhex("ef505fa6600f408e 4151554544554354 0b 302e302e302d4146544552  02 00")
     data = bytes.fromhex(
         "01 00 0000000a 0001 0000000000100000"
-        "02 01 0000000d 0000000000000002 68656c6c6f"
-        "06 00 00000008 0102030405060708"
+        "02 01 00000026 0000000000000002" + hello.hex() + "06 00 00000008 0102030405060708"
     )
     events = feed(s, data)
     assert isinstance(events[0], PeerReady) and events[0].settings.max_frame_size == 1 << 20
     assert events[0].settings.max_datagram == 0  # absent: no datagrams
-    assert streams(events) == {2: (b"hello", True)}
-    pong = wire(s)
-    assert encode_frame(FrameType.PING, FLAG_ACK, bytes(range(1, 9))) in pong
+    assert streams(events) == {2: (hello, True)}
+    assert wire(s) == bytes.fromhex("06 01 00000008 0102030405060708")
 
 
 @pytest.mark.parametrize("split", [0, 1, 7, 4096])
@@ -228,19 +232,30 @@ def test_data_on_an_ended_stream_is_a_violation() -> None:
 
 
 def test_max_streams_receiver_enforces_and_sender_waits_in_order() -> None:
-    _, s = pair(server=MuxSettings(max_streams=2))
+    _, s = pair(server=MuxSettings(max_streams=100))
     frames = b"".join(
-        encode_frame(FrameType.STREAM, 0, struct.pack(">Q", sid)) for sid in (2, 6, 10)
+        encode_frame(FrameType.STREAM, 0, struct.pack(">Q", 2 + 4 * i)) for i in range(101)
     )
     exc = violation(s, frames)
-    assert exc.code == CloseCode.LIMIT_VIOLATION and "more than 2 streams" in str(exc)
+    assert exc.code == CloseCode.LIMIT_VIOLATION and "more than 100 streams" in str(exc)
 
-    c, s = pair(server=MuxSettings(max_streams=2))
-    for sid in (2, 6, 10, 14):
+    c, s = pair(server=MuxSettings(max_streams=100))
+    sids = [2 + 4 * i for i in range(102)]
+    for sid in sids:
         c.write(sid, b"m%d" % sid, fin=sid == 2)
-    assert list(streams(feed(s, wire(c)))) == [2, 6, 10]  # 2 ended: 10 could open
+    assert list(streams(feed(s, wire(c)))) == sids[:101]  # 2 ended: 101 opened, one waits
     c.reset(6)
-    assert list(streams(feed(s, wire(c)))) == [14]
+    assert list(streams(feed(s, wire(c)))) == [sids[101]]
+
+
+def test_max_streams_below_the_minimum_is_refused() -> None:
+    """Profile §7: MAX_STREAMS is at least 100 (Aqueduct keeps a stream per live channel
+    open); a peer announcing less is refused at its SETTINGS, not stalled later."""
+    exc = violation(MuxConnection(False), encode_settings({3: 99}))
+    assert exc.code == CloseCode.PROTOCOL_VIOLATION and "MAX_STREAMS 99 not in [100" in str(exc)
+    assert isinstance(feed(MuxConnection(False), encode_settings({3: 100}))[0], PeerReady)
+    with pytest.raises(ValueError, match="at least 100"):
+        MuxSettings(max_streams=99)
 
 
 def test_writes_after_fin_or_reset_are_dropped_like_quic() -> None:
@@ -333,3 +348,32 @@ def test_fin_frame_needs_no_credit() -> None:
 def test_settings_out_of_range_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         MuxSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_settings_must_arrive_by_the_deadline() -> None:
+    """The handshake deadline (profile §7): no SETTINGS by then closes with code 4; once
+    they arrived, the deadline is gone from the timers."""
+    mux = MuxConnection(False, now=0.0, settings_deadline=5.0, handshake_timeout=5.0)
+    assert mux.next_timer() == 5.0
+    assert mux.handle_timer(4.9) == []
+    [closed] = mux.handle_timer(5.0)
+    assert closed.code == CloseCode.HANDSHAKE_TIMEOUT and "(5 s)" in closed.reason
+    close = wire(mux)
+    assert close[0] == FrameType.CLOSE and struct.unpack(">Q", close[6:14])[0] == 4
+    ready = MuxConnection(False, now=0.0, settings_deadline=5.0)
+    feed(ready, encode_settings({}))
+    assert ready.next_timer() == pytest.approx(10.0)  # the first PING, not the deadline
+
+
+def test_a_close_reason_is_read_up_to_1024_bytes_and_mended() -> None:
+    s = MuxConnection(False)
+    reason = b"\xff" + "é".encode() * 700
+    [closed] = feed(s, encode_frame(FrameType.CLOSE, 0, struct.pack(">Q", 4711) + reason))
+    assert closed == ConnectionClosed(4711, "\ufffd" + "é" * 511 + "\ufffd", True)
+    assert wire(s) == b""  # never answered
+
+
+def test_no_datagram_frame_when_max_datagram_is_0() -> None:
+    _, s = pair(server=MuxSettings(max_datagram=0))
+    exc = violation(s, encode_frame(FrameType.DATAGRAM, 0, b""))
+    assert exc.code == CloseCode.LIMIT_VIOLATION

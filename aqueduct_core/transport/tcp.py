@@ -1,19 +1,27 @@
-"""Aqueduct over TLS 1.3 over TCP: the asyncio glue between a socket, the multiplexer
-(:mod:`.mux`) and the unchanged engine.
+"""Aqueduct over TLS 1.3 over TCP: the asyncio glue between a socket, TLS (:mod:`.tls_stream`),
+the multiplexer (:mod:`.mux`) and the unchanged engine.
 
-One :class:`TcpProtocol` per connection, client or server. Bytes are received with
-``BufferedProtocol`` into one reused buffer (the TLS layer decrypts straight into it); the
-multiplexer hands stream payload out as views of that buffer and the engine copies what it
-keeps, so a payload byte is copied once on the way in. On the way out, engine payloads stay
-memoryviews until ``writelines`` hands them to TLS, which encrypts them (the one copy TLS
-needs). Nagle is off: the multiplexer already sends whole frames, and control frames (acks,
-credit) must not wait for a delayed ACK.
+One :class:`TcpProtocol` per connection, client or server, from TCP connect (or accept) on.
+It drives TLS itself over memory buffers rather than through asyncio's TLS layer, so that a
+refused handshake sends its alert (``protocol_version`` for TLS 1.2, ``no_application_protocol``
+for a wrong or missing ALPN) and one deadline covers TLS and the peer's SETTINGS (profile §7,
+"Connection"). Ciphertext is received with ``BufferedProtocol`` into one reused buffer and
+copied into TLS; TLS decrypts straight into a second reused buffer; the multiplexer hands
+stream payload out as views of that one and the engine copies what it keeps, so a payload byte
+is copied once on the way in, as with asyncio's TLS. On the way out, engine payloads stay
+memoryviews until TLS encrypts them (the one copy TLS needs). Nagle is off: the multiplexer
+already sends whole frames, and control frames (acks, credit) must not wait for a delayed ACK.
 
 Writes stop when the event loop holds ``write_high_water`` unsent bytes (``pause_writing``)
 and resume when it drained; everything waiting in the multiplexer plus the loop's buffer is
 reported to the engine, whose senders pause above ``TransportConfig.send_budget``: memory
 stays bounded when a peer reads slowly, and a peer that stops reading entirely is closed by
 the multiplexer's heartbeat after the idle timeout.
+
+Closing sends the multiplexer's CLOSE, then TLS close_notify, then a TCP FIN, and reads (and
+drops) what the peer still sends until it closes too, at most :data:`CLOSE_GRACE`: closing a
+socket with unread bytes would send a reset, which can destroy the CLOSE before the peer
+reads it.
 """
 
 from __future__ import annotations
@@ -43,7 +51,6 @@ from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.config import TransportConfig
 from aqueduct_core.transport.mux import MuxConnection
 from aqueduct_core.transport.mux_wire import (
-    ALPN,
     ConnectionClosed,
     DatagramReceived,
     MuxEvent,
@@ -58,7 +65,11 @@ from aqueduct_core.transport.tls import (
     PinMismatch,
     ServerTLS,
     normalize_fingerprint,
-    warn_insecure,
+)
+from aqueduct_core.transport.tls_stream import (
+    TlsStream,
+    client_context,
+    server_context,
 )
 
 log = logging.getLogger("aqueduct.transport")
@@ -66,35 +77,12 @@ log = logging.getLogger("aqueduct.transport")
 SMALL = 4096
 """Adjacent buffers below this size are joined before TLS (one record, not one each)."""
 CLOSE_GRACE = 2.0
-"""Seconds a closing connection waits for the peer's half of the TLS close, at most."""
+"""Seconds a closing connection waits for the peer to close its side, at most."""
+HANDSHAKE_BUFFER = 16384
+"""The receive buffer until TLS completes (a ClientHello fits; a connection that never
+completes its handshake costs no more)."""
 
-
-def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
-    """TLS 1.3 only, ALPN ``aqueduct-tcp``; verification as on QUIC (CA file, pin or none).
-
-    With a pin (or ``insecure``) no CA is consulted, so the system's CA store is not loaded:
-    parsing it cost 20-170 ms of CPU per connection here, paid by every Spark task."""
-    if tls.fingerprint is not None or tls.insecure:
-        if tls.insecure:
-            warn_insecure(host)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE  # the pin is checked after the handshake
-    else:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-        if tls.cafile is not None or tls.cadata is not None:
-            ctx.load_verify_locations(cafile=tls.cafile, cadata=tls.cadata)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols([ALPN])
-    return ctx
-
-
-def server_context(tls: ServerTLS) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols([ALPN])
-    ctx.load_cert_chain(tls.certfile, tls.keyfile)
-    return ctx
+__all__ = ["TcpProtocol", "client_context", "connect_tcp", "listen_tcp", "server_context"]
 
 
 class TcpProtocol(asyncio.BufferedProtocol):
@@ -107,6 +95,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
         settings: TcpSettings,
         send_budget: int,
         make_connection: Callable[[], Connection],
+        ctx: ssl.SSLContext,
+        handshake_timeout: float,
+        server_hostname: str | None = None,
         pin: str | None = None,
         idle_timeout: float | None = None,
         on_open: Callable[[TcpProtocol], None] | None = None,
@@ -118,24 +109,33 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.mux_settings = settings.mux
         if idle_timeout is not None and idle_timeout < settings.mux.idle_timeout:
             self.mux_settings = replace(settings.mux, idle_timeout=idle_timeout)
+        self.handshake_timeout = handshake_timeout
         self.pin = pin
-        self.pin_error: PinMismatch | None = None
         self.peer: Any = None
+        self._ctx = ctx
+        self._server_hostname = server_hostname
         self._on_open = on_open
         self._on_closed = on_closed
         self._loop = asyncio.get_running_loop()
         self._make_connection = make_connection
+        self.tls_done: asyncio.Future[None] = self._loop.create_future()
+        """Done when TLS completed and was checked (ALPN, pin); its error otherwise."""
         # The Aqueduct connection exists from the end of the TLS handshake on: a peer whose
-        # handshake fails never gets one (asyncio drops this object, nothing else holds it).
+        # handshake fails never gets one.
         self.conn: Connection = None  # type: ignore[assignment]
         self.engine: Engine = None  # type: ignore[assignment]
         self.mux: MuxConnection = None  # type: ignore[assignment]
-        self._buffer = memoryview(bytearray(settings.read_buffer))
+        self.tls: TlsStream | None = None
+        self._raw = memoryview(bytearray(HANDSHAKE_BUFFER))
+        self._buffer = memoryview(b"")
         self._transport: asyncio.Transport | None = None
+        self._deadline = 0.0
         self._paused = False
         self._soon: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._batch = False
+        self._closing = False
         self._lost = False
         self.released: asyncio.Future[None] = self._loop.create_future()
         """Done once the socket is closed (``connection_lost``): ``Connection.wait_closed``
@@ -145,67 +145,134 @@ class TcpProtocol(asyncio.BufferedProtocol):
     # -- asyncio ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.conn = self._make_connection()
-        self.conn.transport = "tcp"
-        self.conn.attach_driver(self)
-        self.engine = self.conn.engine
-        self.mux = MuxConnection(self.client, self.mux_settings, now=self._loop.time())
-        if self._on_open is not None:
-            self._on_open(self)
         transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         self._transport = transport
+        self._deadline = self._loop.time() + self.handshake_timeout
         self.peer = transport.get_extra_info("peername")
-        self.conn.peer = tuple(self.peer) if self.peer else None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
-        sslobj = transport.get_extra_info("ssl_object")
-        alpn = sslobj.selected_alpn_protocol() if sslobj is not None else None
-        if alpn != ALPN:
-            self._fail_now(f"the peer did not negotiate ALPN {ALPN!r} (got {alpn!r})")
-            return
-        if self.pin is not None:
-            der = sslobj.getpeercert(binary_form=True) or b""
-            got = hashlib.sha256(der).hexdigest()
-            if got != self.pin:
-                self.pin_error = PinMismatch(
-                    f"the server's certificate has fingerprint {got}, not the pinned {self.pin}; "
-                    "use the fingerprint the service printed when it started"
-                )
-                self._fail_now("certificate pin mismatch")
-                return
-        self._pump()
+        self.tls = TlsStream(
+            self._ctx, server_side=not self.client, server_hostname=self._server_hostname
+        )
+        if self._on_open is not None:
+            self._on_open(self)
+        self._handshake()
         self._arm_timer()
 
-    def _fail_now(self, reason: str) -> None:
-        log.info("TCP connection from %s refused: %s", self.peer, reason)
-        self.mux.close(CloseCode.PROTOCOL_VIOLATION, reason)
-        self.engine.connection_lost(self._loop.time(), CloseCode.PROTOCOL_VIOLATION, reason)
-        self.conn._flush()
-        assert self._transport is not None
-        self._transport.abort()
+    def _handshake(self) -> None:
+        """Advance TLS; once it completed (and the pin holds), start the multiplexer."""
+        tls = self.tls
+        assert tls is not None and self._transport is not None
+        try:
+            done = tls.handshake()
+        except ssl.SSLError as exc:
+            log.info("TLS handshake with %s failed: %s", self.peer, exc)
+            self._flush_tls()  # the alert
+            self._fail_tls(exc)
+            return
+        self._flush_tls()
+        if not done:
+            return
+        if self.pin is not None:
+            der = tls.obj.getpeercert(binary_form=True) or b""
+            got = hashlib.sha256(der).hexdigest()
+            if got != self.pin:
+                tls.close()
+                self._flush_tls()
+                self._fail_tls(
+                    PinMismatch(
+                        f"the server's certificate has fingerprint {got}, not the pinned "
+                        f"{self.pin}; use the fingerprint the service printed when it started"
+                    )
+                )
+                return
+        self._start_mux()
+
+    def _fail_tls(self, exc: BaseException) -> None:
+        if not self.tls_done.done():
+            self.tls_done.set_exception(exc)
+            self.tls_done.exception()  # retrieved: a server has nobody waiting
+        self._shutdown()
+
+    def _start_mux(self) -> None:
+        now = self._loop.time()
+        self._raw = memoryview(bytearray(self.settings.read_buffer))
+        self._buffer = memoryview(bytearray(self.settings.read_buffer))
+        self.conn = self._make_connection()
+        self.conn.transport = "tcp"
+        self.conn.attach_driver(self)
+        self.conn.peer = tuple(self.peer) if self.peer else None
+        self.engine = self.conn.engine
+        self.mux = MuxConnection(
+            self.client,
+            self.mux_settings,
+            now=now,
+            settings_deadline=self._deadline,
+            handshake_timeout=self.handshake_timeout,
+        )
+        if not self.tls_done.done():
+            self.tls_done.set_result(None)
+        self._pump()
+
+    def _flush_tls(self) -> None:
+        assert self.tls is not None and self._transport is not None
+        data = self.tls.outgoing()
+        if data and not self._transport.is_closing():
+            self._transport.write(data)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer
+        return self._raw
 
     def buffer_updated(self, nbytes: int) -> None:
+        tls = self.tls
+        if self._closing or tls is None:
+            return  # after our close, the peer's bytes are dropped until it closes too
+        tls.receive(self._raw[:nbytes])
+        if self.mux is None:
+            self._handshake()
+            if self.mux is None:
+                return
+        self._read_plaintext(tls)
+        self._pump()
+        if self.mux is not None and self.mux.next_timer() != self._timer_at:
+            self._arm_timer()  # e.g. a PING answered: the next one is due sooner
+
+    def _read_plaintext(self, tls: TlsStream) -> None:
         now = self._loop.time()
+        buf = self._buffer
+        mux = self.mux
         self._batch = True
         try:
-            try:
-                events = self.mux.receive_data(self._buffer[:nbytes], now)
-            except MuxProtocolError as exc:
-                log.warning("TCP connection from %s closed: %s", self.peer, exc)
-                self.engine.connection_lost(now, int(exc.code), str(exc))
-                self.conn._flush()
-                return
-            if self._dispatch(events, now):
-                self.conn._flush()
+            while not mux.closed:
+                try:
+                    n = tls.read_into(buf)
+                except ssl.SSLError as exc:
+                    log.warning("TCP connection from %s closed: TLS error %s", self.peer, exc)
+                    self._flush_tls()
+                    mux.close(CloseCode.PROTOCOL_VIOLATION, "")
+                    self.engine.connection_lost(now, None, f"TLS failed: {exc}")
+                    self.conn._flush()
+                    self._shutdown()
+                    return
+                if n:
+                    try:
+                        events = mux.receive_data(buf[:n], now)
+                    except MuxProtocolError as exc:
+                        log.warning("TCP connection from %s closed: %s", self.peer, exc)
+                        self.engine.connection_lost(now, int(exc.code), str(exc))
+                        self.conn._flush()
+                        return
+                    if self._dispatch(events, now):
+                        self.conn._flush()
+                if n < len(buf):
+                    break
+            if tls.eof and not mux.closed:
+                self._shutdown()  # close_notify without CLOSE: lost once TCP closes
         finally:
             self._batch = False
-        self._pump()
 
     def _dispatch(self, events: list[MuxEvent], now: float) -> bool:
         engine = self.engine
@@ -245,24 +312,22 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._lost = True
         if not self.released.done():
             self.released.set_result(None)
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-        if self.conn is None:
-            return  # the TLS handshake never completed
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._soon is not None:
-            self._soon.cancel()
-            self._soon = None
-        if not self.mux.closed:
-            self.mux.close(CloseCode.INTERNAL, "")
-        reason = "the TCP connection closed without CLOSE"
-        if exc is not None:
-            reason += f" ({exc})"
-        self.engine.connection_lost(self._loop.time(), None, reason)
-        self.conn._flush()
+        for handle in (self._linger, self._timer, self._soon):
+            if handle is not None:
+                handle.cancel()
+        self._linger = self._timer = self._soon = None
+        if not self.tls_done.done():
+            lost = exc or ConnectionResetError("the peer closed the connection during TLS")
+            self.tls_done.set_exception(lost)
+            self.tls_done.exception()
+        if self.conn is not None:
+            if not self.mux.closed:
+                self.mux.close(CloseCode.INTERNAL, "")
+            reason = "the TCP connection closed without CLOSE"
+            if exc is not None:
+                reason += f" ({exc})"
+            self.engine.connection_lost(self._loop.time(), None, reason)
+            self.conn._flush()
         if self._on_closed is not None:
             self._on_closed(self)
 
@@ -286,19 +351,31 @@ class TcpProtocol(asyncio.BufferedProtocol):
     def abort(self) -> None:
         """The engine ended: send what the multiplexer holds (its CLOSE), then close.
 
-        Closing TLS is a round trip (our close_notify, then the peer's), so the socket
-        outlives the engine by the peer's reply time; a peer that does not answer within
-        :data:`CLOSE_GRACE` is cut off (its CLOSE went out before)."""
+        The socket outlives the engine by the peer's reply time (our FIN, then the peer's);
+        a peer that does not close within :data:`CLOSE_GRACE` is cut off (its CLOSE went
+        out before)."""
         self._pump()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        """Our close_notify and FIN; the socket closes when the peer closes its side, or
+        after :data:`CLOSE_GRACE`."""
         transport = self._transport
-        if transport is None or self._lost:
+        if self._closing or transport is None or self._lost:
             return
-        # Never close twice: asyncio's TLS transport forgets its protocol on a second close()
-        # and could then not be aborted.
-        if not transport.is_closing():
+        self._closing = True
+        for handle in (self._timer, self._soon):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._soon = None
+        if self.tls is not None:
+            self.tls.close()
+            self._flush_tls()
+        if transport.can_write_eof() and not transport.is_closing():
+            transport.write_eof()
+        else:
             transport.close()
-        if self._linger is None:
-            self._linger = self._loop.call_later(CLOSE_GRACE, self._cut_off)
+        self._linger = self._loop.call_later(CLOSE_GRACE, self._cut_off)
 
     def _cut_off(self) -> None:
         self._linger = None
@@ -310,20 +387,21 @@ class TcpProtocol(asyncio.BufferedProtocol):
     def _pump(self) -> None:
         self._soon = None
         transport = self._transport
-        if transport is None or self._lost or transport.is_closing():
-            return
         mux = self.mux
-        chunk = self.settings.write_chunk
+        if transport is None or mux is None or self._closing or self._lost:
+            return
+        tls = self.tls
+        assert tls is not None
         if mux.closed:
             # CLOSE is tiny and the last thing we send: it goes even when writes are paused.
-            transport.writelines(mux.data_to_send())
-            if not transport.is_closing():
-                transport.close()
+            transport.write(tls.encrypt(mux.data_to_send()))
+            self._shutdown()
             return
+        chunk = self.settings.write_chunk
         while not self._paused and mux.has_data:
             bufs = mux.data_to_send(chunk)
             if bufs:
-                transport.writelines(_coalesce(bufs))
+                transport.write(tls.encrypt(_coalesce(bufs)))
         if mux.closed:
             self._pump()
             return
@@ -339,12 +417,22 @@ class TcpProtocol(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        when = self.mux.next_timer()
-        if when is not None and not self._lost:
+        when = self._deadline if self.mux is None else self.mux.next_timer()
+        self._timer_at = when
+        if when is not None and not self._lost and not self._closing:
             self._timer = self._loop.call_at(when, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
+        if self.mux is None:
+            log.info(
+                "TCP connection from %s closed: TLS not completed within the handshake "
+                "timeout (%g s)",
+                self.peer,
+                self.handshake_timeout,
+            )
+            self._fail_tls(TimeoutError(f"TLS took longer than {self.handshake_timeout:g} s"))
+            return
         now = self._loop.time()
         events = self.mux.handle_timer(now)
         if events:
@@ -401,24 +489,17 @@ async def connect_tcp(
             settings=config.tcp,
             send_budget=config.send_budget,
             make_connection=make_connection,
+            ctx=ctx,
+            handshake_timeout=config.handshake_timeout,
+            server_hostname=tls.server_name or host,
             pin=pin_of(tls),
             idle_timeout=config.idle_timeout,
         )
         return protocol
 
-    # Shielded: cancelling create_connection during the TLS handshake leaks its socket
-    # transport on Python 3.11 (an "unclosed transport" warning and an fd until GC). A
-    # cancelled attempt (the loser of a race) runs on and is aborted once it finishes.
-    attempt = asyncio.ensure_future(
-        loop.create_connection(
-            factory,
-            host,
-            port,
-            ssl=ctx,
-            server_hostname=tls.server_name or host,
-            ssl_handshake_timeout=config.handshake_timeout,
-        )
-    )
+    # Shielded: a cancelled attempt (the loser of a race) runs on and is aborted once it
+    # finishes, so its socket is never left to the garbage collector.
+    attempt = asyncio.ensure_future(loop.create_connection(factory, host, port))
     try:
         transport, _ = await asyncio.shield(attempt)
     except asyncio.CancelledError:
@@ -426,11 +507,10 @@ async def connect_tcp(
         raise
     assert protocol is not None
     try:
+        await protocol.tls_done  # TLS, ALPN and the pin; TimeoutError past the deadline
         await asyncio.wait_for(protocol.conn.wait_ready(), config.handshake_timeout)
     except BaseException:
         transport.abort()
-        if protocol.pin_error is not None:
-            raise protocol.pin_error from None
         raise
     return protocol.conn
 
@@ -453,7 +533,7 @@ class TcpListener:
         self.server.close()
         for proto in list(self.protocols):
             transport = proto._transport
-            if transport is not None and not transport.is_closing():
+            if transport is not None and not proto._closing and not transport.is_closing():
                 transport.abort()  # those already closing are sending their CLOSE
 
 
@@ -478,6 +558,8 @@ async def listen_tcp(
             settings=config.tcp,
             send_budget=config.send_budget,
             make_connection=make_connection,
+            ctx=ctx,
+            handshake_timeout=config.handshake_timeout,
             idle_timeout=config.idle_timeout,
             on_open=protocols.add,
             on_closed=protocols.discard,
@@ -488,8 +570,6 @@ async def listen_tcp(
         factory,
         host,
         port,
-        ssl=ctx,
-        ssl_handshake_timeout=config.handshake_timeout,
         reuse_address=True,
         reuse_port=reuse_port or None,
         backlog=1024,

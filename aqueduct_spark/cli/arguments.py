@@ -204,6 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the connection is closed (default %(default)s)",
     )
     s.add_argument(
+        "--handshake-timeout",
+        type=_seconds,
+        default=engine.handshake_timeout,
+        metavar="SECONDS",
+        help="seconds a client has over TCP from its connect to finish TLS and send its "
+        "SETTINGS, and on either transport after the handshake to send its connection "
+        "headers; beyond either the connection is closed with code 4 (default %(default)s)",
+    )
+    s.add_argument(
         "--max-early-bytes",
         type=_positive,
         default=engine.max_early_bytes,
@@ -363,6 +372,16 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return value
 
 

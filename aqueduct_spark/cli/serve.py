@@ -141,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_scans": args.max_scans,
         "max_batch_bytes": args.max_batch_bytes,
         "engine": {
+            "handshake_timeout": args.handshake_timeout,
             "max_message_gap": args.max_message_gap,
             "max_early_bytes": args.max_early_bytes,
             "max_pending_bytes": args.max_pending_bytes,

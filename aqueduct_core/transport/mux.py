@@ -380,8 +380,7 @@ class MuxConnection:
         s.fin = fin
         if self._waiting:
             self._open_waiting()
-        else:
-            self._activate(s)
+        self._activate(s)  # an open stream flows while others wait for a slot
 
     def reset(self, stream_id: int, code: int = 0) -> None:
         """Abandon our stream: queued data is discarded and RESET sent if it was opened."""

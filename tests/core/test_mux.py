@@ -377,3 +377,16 @@ def test_no_datagram_frame_when_max_datagram_is_0() -> None:
     _, s = pair(server=MuxSettings(max_datagram=0))
     exc = violation(s, encode_frame(FrameType.DATAGRAM, 0, b""))
     assert exc.code == CloseCode.LIMIT_VIOLATION
+
+
+def test_open_streams_keep_flowing_while_another_waits_for_a_slot() -> None:
+    """At the peer's MAX_STREAMS a new stream waits; a write to a stream already open must
+    still go out (it stayed queued: with every slot taken, nothing ever ended, and the
+    connection stalled for good)."""
+    c, s = pair(server=MuxSettings(max_streams=100))
+    sids = [2 + 4 * i for i in range(101)]
+    for sid in sids:
+        c.write(sid, b"")
+    assert list(streams(feed(s, wire(c)))) == sids[:100]  # the 101st waits
+    c.write(2, b"more", fin=True)
+    assert streams(feed(s, wire(c))) == {2: (b"more", True), sids[100]: (b"", False)}

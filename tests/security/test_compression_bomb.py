@@ -19,7 +19,7 @@ import mmap
 import os
 import resource
 import struct
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -60,6 +60,18 @@ def big_bomb() -> bytes:
     assert len(payload) < 80 * 1024  # 64 KiB on the wire...
     assert P.read_data_message(payload).size > BOMB_BYTES  # ...declaring 2 GiB
     return payload
+
+
+def run_within_growth(memory: ServerMemory, attack: Coroutine[Any, Any, str], who: str) -> str:
+    """Run ``attack``; fails if it raised the peak RSS ``memory`` reads by ``GROWTH`` or
+    more. Returns what the attack returned (the error its client saw)."""
+    memory.reset_peak()
+    before = memory.rss
+    error = asyncio.run(asyncio.wait_for(attack, 60))
+    grew = memory.peak - before
+    print(f"\n[{who}] peak RSS growth {grew / MIB:.1f} MiB")
+    assert grew < GROWTH, f"{who}: peak RSS grew by {grew / MIB:.0f} MiB"
+    return error
 
 
 # -- what a message declares, read before decoding -------------------------------------------
@@ -253,12 +265,7 @@ def test_a_compression_bomb_is_refused_before_it_is_decompressed(
         finally:
             await client.close()
 
-    memory.reset_peak()
-    before = memory.rss
-    error = asyncio.run(asyncio.wait_for(attack(), 60))
-    grew = memory.peak - before
-    print(f"\n[bomb over {transport}] wire={len(big_bomb)} B peak growth={grew / MIB:.1f} MiB")
-    assert grew < GROWTH, f"the service's peak RSS grew by {grew / MIB:.0f} MiB"
+    error = run_within_growth(memory, attack(), f"the service (bomb over {transport})")
     assert "2048.0 MiB once decompressed" in error
     assert "over the service's limit of 64 MiB" in error
     assert "aqueduct serve --max-batch-bytes" in error
@@ -308,13 +315,8 @@ def test_a_bomb_in_a_scan_answer_is_refused_by_the_client(big_bomb: bytes, trans
             await client.close()
             await server.close()
 
-    memory = ServerMemory(os.getpid())
-    memory.reset_peak()
-    before = memory.rss
-    error = asyncio.run(asyncio.wait_for(scan(), 60))
-    grew = memory.peak - before
-    print(f"\n[scan bomb over {transport}] peak growth of the client={grew / MIB:.1f} MiB")
-    assert grew < GROWTH, f"the client's peak RSS grew by {grew / MIB:.0f} MiB"
+    client = ServerMemory(os.getpid())
+    error = run_within_growth(client, scan(), f"the client (scan bomb over {transport})")
     assert service.scans == 1  # refused for good: not retried
     assert "the service sent a data message of 2048.0 MiB once decompressed" in error
     assert "over this client's limit of 64 MiB" in error and "maxBatchBytes" in error

@@ -111,14 +111,20 @@ class Session:
         closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        """Finish the entrypoint channel and close the connection (code 0)."""
+        """Finish the entrypoint channel and close the connection (code 0); return once every
+        socket this session had is closed, so a loop that ends next leaks none: a connection
+        that ended already (its idle timeout, the service's CLOSE) may still be closing its
+        socket (TLS closes with a round trip), and so may those dropped in the background."""
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed:
-            # The entrypoint may be gone already (ended by its garbage-collection backstop,
-            # as at interpreter exit): the connection is closed all the same.
-            with contextlib.suppress(AqueductError):
-                conn.entrypoint.finish()
+        if conn is not None:
+            if not conn.is_closed:
+                # The entrypoint may be gone already (ended by its garbage-collection backstop,
+                # as at interpreter exit): the connection is closed all the same.
+                with contextlib.suppress(AqueductError):
+                    conn.entrypoint.finish()
             await conn.close()
+        if self._closing:
+            await asyncio.wait(list(self._closing))  # each bounded by _close_quietly
 
     @property
     def transport(self) -> str | None:

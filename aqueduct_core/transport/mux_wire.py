@@ -198,6 +198,10 @@ _FLAGS: dict[int, int] = {
 """The flag bits each frame type defines (its keys are the known types)."""
 
 
+def _name(ftype: int) -> str:
+    return FrameType(ftype).name
+
+
 def check_header(
     ftype: int, flags: int, length: int, settings: MuxSettings, peer_ready: bool
 ) -> None:
@@ -210,22 +214,23 @@ def check_header(
     allowed = _FLAGS.get(ftype)
     if allowed is None:
         raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"unknown frame type {ftype:#x}")
-    name = FrameType(ftype).name
     if not peer_ready:
         if ftype != FrameType.SETTINGS and ftype != FrameType.CLOSE:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} before SETTINGS")
+            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{_name(ftype)} before SETTINGS")
     elif ftype == FrameType.SETTINGS:
         raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "a second SETTINGS frame")
     if flags & ~allowed:
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} flags {flags:#x}")
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{_name(ftype)} flags {flags:#x}")
     if length > settings.max_frame_size:
         raise protocol_error(
             CloseCode.LIMIT_VIOLATION,
-            f"{name} frame of {length} bytes, limit {settings.max_frame_size}",
+            f"{_name(ftype)} frame of {length} bytes, limit {settings.max_frame_size}",
         )
     if ftype == FrameType.STREAM or ftype == FrameType.CLOSE:
         if length < 8:
-            raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} frame shorter than 8")
+            raise protocol_error(
+                CloseCode.PROTOCOL_VIOLATION, f"{_name(ftype)} frame shorter than 8"
+            )
     elif ftype == FrameType.DATAGRAM:
         if length > settings.max_datagram or not settings.max_datagram:
             raise protocol_error(
@@ -238,7 +243,7 @@ def check_header(
         if length % SETTING.size:
             raise protocol_error(CloseCode.PROTOCOL_VIOLATION, "SETTINGS not whole entries")
     elif length != (8 if ftype == FrameType.PING else 16):
-        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{name} body of {length} bytes")
+        raise protocol_error(CloseCode.PROTOCOL_VIOLATION, f"{_name(ftype)} body of {length} bytes")
 
 
 def parse_settings(body: Payload) -> PeerSettings:

@@ -249,13 +249,13 @@ class TcpProtocol(asyncio.BufferedProtocol):
             while not mux.closed:
                 try:
                     n = tls.read_into(buf)
-                except ssl.SSLError as exc:
+                except ssl.SSLError as exc:  # a forged or corrupted record
                     log.warning("TCP connection from %s closed: TLS error %s", self.peer, exc)
-                    self._flush_tls()
+                    self._flush_tls()  # TLS's alert; no CLOSE can follow it
+                    self._shutdown()
                     mux.close(CloseCode.PROTOCOL_VIOLATION, "")
                     self.engine.connection_lost(now, None, f"TLS failed: {exc}")
                     self.conn._flush()
-                    self._shutdown()
                     return
                 if n:
                     try:

@@ -253,6 +253,42 @@ def test_a_credit_violation_closes_with_limit_violation() -> None:
     run(main())
 
 
+def test_a_corrupted_tls_record_gets_the_tls_alert_and_ends_only_that_connection() -> None:
+    """A client completes TLS by hand, then sends a record that fails its MAC: it gets the
+    bad_record_mac alert (TLS's own, no CLOSE frame can follow it), its connection ends as
+    lost, and the server serves the rest."""
+
+    async def main() -> None:
+        async with tcp_server() as server:
+            good = await connect("127.0.0.1", server.port, tls=server.client_tls(), config=TCP)
+            before = set(server.connections)
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            ctx.set_alpn_protocols([ALPN])
+            incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+            tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    writer.write(outgoing.read())
+                    incoming.write(await asyncio.wait_for(reader.read(65536), 10))
+            writer.write(outgoing.read() + bytes.fromhex("17 0303 0020") + bytes(32))
+            incoming.write(await asyncio.wait_for(reader.read(), 10))  # until the server's FIN
+            writer.close()
+            with pytest.raises(ssl.SSLError, match="bad record mac"):
+                while True:
+                    tls.read(65536)  # the server's SETTINGS, then the alert
+            [cut] = set(server.connections) - before
+            await asyncio.wait_for(cut.wait_closed(), 10)
+            await still_serving(server, good)
+            await good.close()
+
+    run(main())
+
+
 def test_a_connection_cut_mid_message_ends_only_that_connection() -> None:
     """A raw peer opens a stream, sends half of a frame it announced, and cuts TCP (no TLS
     close, no CLOSE frame): the server ends that connection and serves the rest."""

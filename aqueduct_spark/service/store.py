@@ -36,7 +36,6 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
-from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import create_table_with_add_actions
 
 from aqueduct_spark.protocol import (
@@ -482,7 +481,8 @@ class Store(Tables):
 
     # -- cleaning up -------------------------------------------------------------------------------
 
-    def _delete_unreferenced(self, name: str, fs: pafs.FileSystem, paths: set[str]) -> list[str]:
+    def delete_unreferenced(self, name: str, fs: pafs.FileSystem, paths: set[str]) -> list[str]:
+        """Delete those of ``paths`` (in ``fs``, the table's) no version references."""
         doomed = sorted(paths - delta_log.referenced_paths(fs)) if paths else []
         deleted = []
         for p in doomed:
@@ -509,7 +509,7 @@ class Store(Tables):
             return 0
         fs = self.filesystem(name)
         found = {i.path for i in staging.staged_files(fs) if staging.staged_txn(i.path) == txn}
-        return len(self._delete_unreferenced(name, fs, found | given))
+        return len(self.delete_unreferenced(name, fs, found | given))
 
     def cleanup_orphans(
         self, name: str, older_than: dt.timedelta = dt.timedelta(hours=1), dry_run: bool = False
@@ -530,7 +530,7 @@ class Store(Tables):
         old = {i.path for i in staging.staged_files(fs) if i.mtime is not None and i.mtime < cutoff}
         if dry_run:
             return sorted(old - delta_log.referenced_paths(fs)) if old else []
-        return self._delete_unreferenced(name, fs, old)
+        return self.delete_unreferenced(name, fs, old)
 
     def vacuum(
         self, name: str, retention: dt.timedelta = _MIN_RETENTION, dry_run: bool = False
@@ -566,7 +566,7 @@ class Store(Tables):
         if self._local_root is not None:
             names = [e.name for e in os.scandir(self._local_root) if e.is_dir()]
         else:
-            root = pafs.PyFileSystem(DeltaStorageHandler(self.root, options=self.delta_options()))
+            root = self.root_filesystem()
             infos = root.get_file_info(pafs.FileSelector("", allow_not_found=True))
             names = [i.base_name for i in infos if i.type == pafs.FileType.Directory]
         out = []

@@ -201,6 +201,13 @@ class Tables:
                 self._filesystems.popitem(last=False)
         return fs
 
+    def root_filesystem(self) -> pafs.FileSystem:
+        """A filesystem rooted at the root itself (paths relative to it): the local disk
+        for a local or ``file://`` root, else the object store."""
+        if self._local_root is not None:
+            return pafs.SubTreeFileSystem(self._local_root, pafs.LocalFileSystem())
+        return pafs.PyFileSystem(DeltaStorageHandler(self.root, options=self.delta_options()))
+
     def make_dir(self, name: str, directory: str) -> None:
         """Create a directory of the table (object stores have none to create)."""
         local = self.local_dir(name)

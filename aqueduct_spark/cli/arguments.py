@@ -10,7 +10,7 @@ import sys
 from typing import NoReturn
 
 from aqueduct_core.engine import EngineConfig
-from aqueduct_spark.cli import maintenance
+from aqueduct_spark.cli import maintenance, staging
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="channels a client may create that are not attached yet (default %(default)s)",
     )
+    staging.add_serve_options(s, _positive)
     maintenance.add_serve_options(s)
 
     c = sub.add_parser("cert", help="create a development CA and server certificate")

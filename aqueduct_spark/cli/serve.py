@@ -26,6 +26,7 @@ from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ServerTLS, TransportConfig
 from aqueduct_core.transport.tls import file_fingerprint, format_fingerprint, make_dev_certificates
 from aqueduct_spark.cli.maintenance import maintenance_config
+from aqueduct_spark.cli.staging import staging_config
 from aqueduct_spark.service import startup
 from aqueduct_spark.service.access import AccessPolicy
 from aqueduct_spark.service.startup import StartupError, check_exposure, listen_error
@@ -150,6 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         },
         "reuse_port": args.workers > 1,
         "maintenance": maintenance_config(args),
+        "staging": staging_config(args),
         "log": _log_settings(args),
         "metrics": _metrics_settings(args),
     }
@@ -324,6 +326,7 @@ async def _serve_forever(
         max_scans=spec["max_scans"],
         max_batch_bytes=spec["max_batch_bytes"],
         maintenance=spec["maintenance"],
+        staging=spec["staging"],
     )
     transport = TransportConfig(
         backend=spec["backend"],

@@ -4,7 +4,8 @@ It asks the service over its own protocol, with the same URL, trust and token op
 every client command, so it works from any machine that can use the service (the HTTP
 ``/health`` of ``--metrics-port`` is often bound to the service's host only). It connects and
 lists the datasets twice: the first answer includes connecting (handshake and TLS), the
-second is one request on the open connection. A service that answers, even with
+second is one request on the open connection. Then it asks the service process for its
+staging: the bytes staged by transactions not yet committed, and those it expired. A service that answers, even with
 ``Unauthenticated`` for a missing or wrong token, is up (exit 0); one that cannot be reached
 or fails is down (exit 1).
 """
@@ -12,6 +13,7 @@ or fails is down (exit 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from typing import Any
@@ -42,6 +44,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             report["datasets"] = len(datasets)
             report["rows"] = sum(d.rows for d in datasets)
             report["bytes"] = sum(d.bytes for d in datasets)
+            with contextlib.suppress(P.InvalidRequest):  # a service older than the request
+                report["staging"] = client.status()
     except AqueductError as exc:
         if not args.json:
             raise  # printed like every other command's error, exit 1
@@ -75,3 +79,16 @@ def _print(report: dict[str, Any]) -> None:
         f"included), then {report['request_ms']} ms a request"
     )
     print(f"datasets  {report['datasets']} ({report['rows']:,} rows, {_size(report['bytes'])})")
+    staging = report.get("staging")
+    if staging:
+        print(
+            f"staging   {_size(staging['staged_bytes'])} uncommitted in "
+            f"{staging['staged_transactions']} transactions through this process; yours "
+            f"{_size(staging['yours'])} of {_size(staging['max_staged_bytes_per_token'])} "
+            f"(per {staging['limit_per']})"
+        )
+        print(
+            f"expired   {staging['expired_transactions']} transactions "
+            f"({_size(staging['expired_bytes'])}) idle over "
+            f"{staging['txn_lifetime_s'] / 3600:g} h, since the process started"
+        )

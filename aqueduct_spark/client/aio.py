@@ -38,6 +38,11 @@ class AsyncClient(Reads, Writes, Subscriptions):
         result = await self.call("list")
         return [DatasetInfo.from_wire(d) for d in result["datasets"]]
 
+    async def status(self) -> dict[str, Any]:
+        """The service process's own counts: staged, uncommitted bytes, expired
+        transactions and the limits on them (``status`` in docs/dataset-protocol.md)."""
+        return dict(await self.call("status"))
+
     async def describe(
         self, name: str, *, version: int | None = None, timestamp: Any = None
     ) -> DatasetInfo:

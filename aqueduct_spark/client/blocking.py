@@ -45,6 +45,9 @@ class Client:
     def list(self) -> list[DatasetInfo]:
         return self._run(self._client.list())
 
+    def status(self) -> dict[str, Any]:
+        return self._run(self._client.status())
+
     def describe(self, name: str, **kw: Any) -> DatasetInfo:
         return self._run(self._client.describe(name, **kw))
 

@@ -32,15 +32,16 @@ READ_WRITE = "read-write"
 RIGHTS = (READ, READ_WRITE)
 
 READ_OPS = frozenset(
-    {"ping", "list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
+    {"ping", "status", "list", "describe", "plan", "scan", "offsets", "changes", "feed"}
+    | {"subscribe"}
 )
 """Requests that only read (the server's ``REPLAY_SAFE``, kept equal by a test); every other
 operation (create, drop, begin, write, commit, abort, compact, vacuum, restore, delete and any
 added later) needs read-write rights."""
-DATASETLESS_OPS = frozenset({"ping", "list"})
+DATASETLESS_OPS = frozenset({"ping", "status", "list"})
 """Requests that touch no dataset: every token may send them (``list`` answers with the
-datasets the token covers, ``ping`` reads nothing). Every other request names its dataset
-(a scan in its splits) and is checked against it."""
+datasets the token covers, ``ping`` reads nothing, ``status`` the service's own counts). Every
+other request names its dataset (a scan in its splits) and is checked against it."""
 
 
 @dataclass(frozen=True)

@@ -227,6 +227,8 @@ class RequestRecord:
     started: float = field(default_factory=time.monotonic)
     rows: int = 0
     bytes: int = 0
+    staged: int | None = None
+    """Bytes a write left staged on the store (its files' sizes)."""
     error: P.DatasetError | None = None
 
 
@@ -235,13 +237,17 @@ _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
 )
 
 
-def note(*, rows: int = 0, nbytes: int = 0, direction: str = "in") -> None:
+def note(
+    *, rows: int = 0, nbytes: int = 0, direction: str = "in", staged: int | None = None
+) -> None:
     """Count rows and payload bytes the current request moved (``in``: received from the
-    client, ``out``: sent to it). The metrics move at once, the access line at the end.
-    Outside a request (no observer) it does nothing."""
+    client, ``out``: sent to it), and the bytes a write ``staged``. The metrics move at once,
+    the access line at the end. Outside a request (no observer) it does nothing."""
     record = _current.get()
     if record is None:
         return
+    if staged is not None:
+        record.staged = (record.staged or 0) + staged
     record.rows += rows
     record.bytes += nbytes
     metrics = record.observer.metrics
@@ -411,6 +417,8 @@ class Observer:
             "duration_ms": round(seconds * 1000, 1),
             "outcome": outcome,
         }
+        if record.staged is not None:
+            fields["staged_bytes"] = record.staged
         if record.error is not None:
             fields["error"] = record.error.message
         ACCESS.log(level, "request", extra={"fields": fields})

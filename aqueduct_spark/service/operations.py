@@ -17,6 +17,7 @@ from aqueduct_spark import protocol as P
 from aqueduct_spark.service import changes, delta_log, maintenance
 from aqueduct_spark.service.binding import Condition
 from aqueduct_spark.service.store import Store
+from aqueduct_spark.service.transactions import Transactions
 
 COMMITTING = frozenset({"commit", "compact", "restore", "delete"})
 """Requests whose result may be a new version (``committed``, ``version``): subscribers hear
@@ -59,8 +60,12 @@ def timestamp(value: Any) -> dt.datetime | None:
 class Operations:
     """The one-reply requests of one service, by name (:attr:`by_op`)."""
 
-    def __init__(self, store: Store, split_bytes: int, max_batch_bytes: int) -> None:
+    def __init__(
+        self, store: Store, split_bytes: int, max_batch_bytes: int, transactions: Transactions
+    ) -> None:
         self.store = store
+        self.transactions = transactions
+        """Write transactions: a commit or abort is their activity, and ends them."""
         self.split_bytes = split_bytes
         """Target size of one scan split when the request does not say."""
         self.max_batch_bytes = max_batch_bytes
@@ -155,8 +160,11 @@ class Operations:
 
     def commit(self, req: dict[str, Any]) -> Any:
         staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]
+        name = field(req, "dataset", str)
+        self.store.validate_name(name)
+        self.transactions.before_commit(name, staged)  # an expired transaction is refused
         result = self.store.commit(
-            field(req, "dataset", str),
+            name,
             field(req, "mode", str),
             P.schema_from_bytes(field(req, "schema", bytes)),
             field(req, "partition_by", list, []),
@@ -168,16 +176,16 @@ class Operations:
             merge_schema=bool(req.get("merge_schema", False)),
             replace_where=field(req, "replace_where", str, None),
         )
+        self.transactions.committed(name, staged)
         return result.to_wire()
 
     def abort(self, req: dict[str, Any]) -> Any:
         staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list, [])]
         name = field(req, "dataset", str)
-        removed = (
-            self.store.abort_txn(name, field(req, "txn", str), staged)
-            if self.store.exists(name)
-            else 0
-        )
+        txn = field(req, "txn", str)
+        # (a dataset a write was to create has only the staged files, and no log yet)
+        removed = self.store.abort_txn(name, txn, staged)
+        self.transactions.finished(name, [txn])
         return {"removed": removed}
 
     def offsets(self, req: dict[str, Any]) -> Any:

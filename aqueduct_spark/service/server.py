@@ -43,6 +43,7 @@ from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.store import Store
+from aqueduct_spark.service.transactions import StagingConfig, Transactions
 from aqueduct_spark.service.watch import LogWatch
 
 log = logging.getLogger("aqueduct.service")
@@ -88,6 +89,8 @@ class ServiceConfig:
     one connection runs at most a quarter of them (at least one) at once."""
     maintenance: MaintenanceConfig = dataclass_field(default_factory=MaintenanceConfig)
     """Checkpoints, log cleanup, compaction and vacuum after commits (off unless enabled)."""
+    staging: StagingConfig = dataclass_field(default_factory=StagingConfig)
+    """Quotas on staged, uncommitted data and the lifetime of idle write transactions."""
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "max_scans", "threads"):
@@ -177,7 +180,8 @@ class _RequestCodec(CborCodec):
 
 
 REPLAY_SAFE = frozenset(
-    {"ping", "list", "describe", "plan", "scan", "offsets", "changes", "feed", "subscribe"}
+    {"ping", "status", "list", "describe", "plan", "scan", "offsets", "changes", "feed"}
+    | {"subscribe"}
 )
 """Requests the service acts on before the QUIC handshake completes (they only read);
 every other one (create, drop, begin, write, commit, abort, and the maintenance requests)
@@ -190,14 +194,21 @@ class DatasetService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.store = Store(config.root, config.storage_options)
-        self._ops = Operations(self.store, config.split_bytes, config.max_batch_bytes).by_op
+        self.access = AccessPolicy.of(config.token, config.access.grants)
+        self._pool = FairPool(config.threads)
+        self.transactions = Transactions(
+            self.store, config.staging, self._pool, per_token=self.access.requires_token
+        )
+        """Staging quotas and the lifetime of idle write transactions."""
+        self._ops = Operations(
+            self.store, config.split_bytes, config.max_batch_bytes, self.transactions
+        ).by_op
         self._subscribers: dict[str, set[_Subscriber]] = {}
         self._poller: asyncio.Task[None] | None = None
-        self._pool = FairPool(config.threads)
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
-        self.observer = Observer({*self._ops, "ping", "scan", "write", "subscribe"})
+        self.observer = Observer({*self._ops, "ping", "status", "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
-        self.access = AccessPolicy.of(config.token, config.access.grants)
+        self.transactions.observe(self.observer.metrics.registry)
 
     # -- connection handling ----------------------------------------------------------
 
@@ -233,6 +244,7 @@ class DatasetService:
             self._pool.forget(session)
             await session.cancel()
             await asyncio.gather(reading, return_exceptions=True)
+            self.transactions.connection_closed(conn)
             self.observer.connection_closed(conn)
 
     async def _read_requests(
@@ -283,10 +295,12 @@ class DatasetService:
                 await conn.wait_confirmed()
             if op == "ping":  # a round trip that proves the connection alive
                 self._reply(req, P.ok({}))
+            elif op == "status":
+                self._reply(req, P.ok(self.transactions.status(grant, conn)))
             elif op == "scan":
                 await self._scan(req, session)
             elif op == "write":
-                await self._write(req, session)
+                await self._write(req, session, grant, conn)
             elif op == "subscribe":
                 await self._subscribe(req, session)
             else:  # one of the one-reply requests (authorize refused unknown operations)
@@ -441,7 +455,9 @@ class DatasetService:
             seq += 1
         out.finish()
 
-    async def _write(self, req: dict[str, Any], session: Session) -> None:
+    async def _write(
+        self, req: dict[str, Any], session: Session, grant: Grant, conn: Connection | None
+    ) -> None:
         data = field(req, "data", Receiver)
         name = field(req, "dataset", str)
         txn = field(req, "txn", str)
@@ -451,8 +467,9 @@ class DatasetService:
             raise P.InvalidRequest("a write channel needs the Arrow schema in its headers")
         schema = P.schema_from_bytes(schema_bytes)
         partition_by = field(req, "partition_by", list, [])
+        stage = self.transactions.stage  # quotas, and the transaction's liveness record
         writer = await self._pool.run(
-            session, self.store.open_stage, name, txn, task, schema, partition_by
+            session, stage, name, txn, task, schema, partition_by, grant, conn
         )
         rows = 0
         try:
@@ -471,6 +488,7 @@ class DatasetService:
                 rows += added
                 note(rows=added, nbytes=len(delivery.value), direction="in")
             staged = await self._pool.run(session, writer.close)
+            note(staged=sum(f.size for f in staged))
         except BaseException:
             # Not through the pool: a cancelled request (its connection closed) must still
             # remove what it staged, and must not wait for its turn to do so.
@@ -535,6 +553,7 @@ async def start(
         engine = replace(engine, limits=limits)
     transport = replace(transport, engine=engine)
     service = DatasetService(config)
+    service.transactions.start()
     server = await serve(
         service.handle,
         host,

@@ -246,7 +246,8 @@ def verify_staged(
     def check(f: StagedFile) -> AddAction:
         gone = InvalidRequest(
             f"staged file {f.path!r} does not exist in dataset {dataset!r}: it was aborted, "
-            "cleaned up as an orphan, or staged for another dataset. Stage the data again"
+            "expired with its transaction, cleaned up as an orphan, or staged for another "
+            "dataset. Stage the data again"
         )
         info = fs.get_file_info(f.path)
         if info.type != pafs.FileType.File:
@@ -284,12 +285,49 @@ def verify_staged(
 # ---------------------------------------------------------------------------------------------
 # The writer
 
+DICTIONARY_PAGE_BYTES = 1 << 20
+"""The most a Parquet dictionary page takes per column chunk (pyarrow's default limit, past
+which the writer falls back to plain encoding)."""
+FOOTER_BYTES, FOOTER_BYTES_PER_CHUNK = 64 << 10, 9 << 10
+"""A bound on a footer: its fixed part, and per column chunk (statistics of at most 4 KiB each
+for the minimum and maximum, then the chunk's metadata)."""
+
+
+def _leaves(t: pa.DataType) -> int:
+    """Parquet leaf columns a field of type ``t`` is written as."""
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaves(t.value_type)
+    return 1
+
+
+def _upper_bound(table: pa.Table, leaves: Sequence[int]) -> int:
+    """A bound on the bytes writing ``table`` as one row group takes: plain encoding takes no
+    more than Arrow's buffers (a value as wide, offsets as lengths, levels no wider than the
+    validity and offsets they replace), a dictionary page adds at most its limit (and never
+    more than the values), and compression of data that does not compress adds a little."""
+    total = 0
+    for column, n in zip(table.columns, leaves, strict=True):
+        size = column.nbytes
+        total += size + min(size, n * DICTIONARY_PAGE_BYTES) + size // 16 + 1024 * n
+    return total + (64 << 10)
+
+
+def _write_group(f: _OpenFile, table: pa.Table) -> None:
+    f.writer.write_table(table, row_group_size=max(1, table.num_rows))
+    f.row_groups += 1
+
 
 class _OpenFile:
     def __init__(self, path: str, sink: pa.NativeFile, writer: pq.ParquetWriter) -> None:
         self.path = path
         self.sink = sink
         self.writer = writer
+        self.charged = 0  # bytes given to the meter for this file
+        self.row_groups = 0
 
 
 class _Partition:
@@ -347,6 +385,12 @@ class StageWriter:
         self._staged: list[StagedFile] = []
         self._state = "open"
         self.rows = 0
+        self._leaves = [_leaves(f.type) for f in self._file_schema]
+        self.meter: Callable[[int], None] | None = None
+        """Told every change of the bytes this writer has on storage, before it writes (an
+        upper bound of what the next row group or footer takes) and after (the difference to
+        what it took, often negative); it may raise to refuse the write (a staging quota).
+        Set it before the first write."""
 
     def __enter__(self) -> StageWriter:
         return self
@@ -406,7 +450,8 @@ class StageWriter:
         part.batches, part.buffered_bytes, part.buffered_rows = [], 0, 0
         if part.file is None:
             part.file = self._open(part)
-        part.file.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        f = part.file
+        self._metered(f, _upper_bound(table, self._leaves), lambda: _write_group(f, table))
         if part.file.sink.tell() >= self._target:
             self._finish(part)
 
@@ -432,10 +477,14 @@ class StageWriter:
     def _finish(self, part: _Partition) -> None:
         f, part.file = part.file, None
         assert f is not None
-        f.writer.close()
+        footer = FOOTER_BYTES + FOOTER_BYTES_PER_CHUNK * sum(self._leaves) * f.row_groups
+        self._metered(f, footer, f.writer.close)
         md = f.writer.writer.metadata
         f.sink.close()
         info = self._fs.get_file_info(f.path)
+        if self.meter is not None and info.size is not None and info.size != f.charged:
+            self.meter(info.size - f.charged)  # what landed, whatever the stream counted
+            f.charged = info.size
         mtime = info.mtime
         self._staged.append(
             StagedFile(
@@ -449,6 +498,17 @@ class StageWriter:
                 ),
             )
         )
+
+    def _metered(self, f: _OpenFile, bound: int, write: Callable[[], None]) -> None:
+        """``write`` to ``f``, charged to the meter: ``bound`` before, the truth after."""
+        if self.meter is not None:
+            self.meter(bound)
+            f.charged += bound
+        write()
+        if self.meter is not None:
+            now = f.sink.tell()
+            self.meter(now - f.charged)
+            f.charged = now
 
     def close(self) -> list[StagedFile]:
         """Write out everything buffered and return the staged files (none if no rows)."""

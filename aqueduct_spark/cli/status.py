@@ -81,14 +81,22 @@ def _print(report: dict[str, Any]) -> None:
     print(f"datasets  {report['datasets']} ({report['rows']:,} rows, {_size(report['bytes'])})")
     staging = report.get("staging")
     if staging:
+        limit = _size(staging["max_staged_bytes_per_token"])
+        if staging["limit_per"] == "token":
+            yours = f"this token's {_size(staging['yours'])} of its {limit}"
+        else:
+            yours = f"at most {limit} a connection (the service has no tokens)"
         print(
             f"staging   {_size(staging['staged_bytes'])} uncommitted in "
-            f"{staging['staged_transactions']} transactions through this process; yours "
-            f"{_size(staging['yours'])} of {_size(staging['max_staged_bytes_per_token'])} "
-            f"(per {staging['limit_per']})"
+            f"{_count(staging['staged_transactions'], 'transaction')} through this process; "
+            f"{yours}"
         )
         print(
-            f"expired   {staging['expired_transactions']} transactions "
+            f"expired   {_count(staging['expired_transactions'], 'transaction')} "
             f"({_size(staging['expired_bytes'])}) idle over "
             f"{staging['txn_lifetime_s'] / 3600:g} h, since the process started"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

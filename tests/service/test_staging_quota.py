@@ -156,7 +156,7 @@ def test_a_tokens_connections_share_one_quota(
     trust = ["--url", svc.url, "--fingerprint", svc.fingerprint, "--token", TOKEN]
     assert cli.main(["status", *trust]) == 0
     out = capsys.readouterr().out
-    assert "uncommitted in" in out and "(per token)" in out
+    assert "uncommitted in" in out and "this token's" in out
     assert "expired   0 transactions" in out
 
 

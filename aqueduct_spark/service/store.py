@@ -55,7 +55,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import changes, commits, delta_log, delta_types, history, scan, staging
+from . import changes, commits, delta_log, delta_types, history, scan, staging, txn_records
 from .binding import Condition
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
@@ -515,8 +515,10 @@ class Store(Tables):
         self, name: str, older_than: dt.timedelta = dt.timedelta(hours=1), dry_run: bool = False
     ) -> list[str]:
         """Delete staged files (named like ours) that no version references and that are older
-        than ``older_than``, which must be longer than any write still running. Returns their
-        paths; ``dry_run`` only lists them. Works on a dataset whose create never committed."""
+        than ``older_than``, which must be longer than any write still running; files of a
+        transaction with a live record (:mod:`.txn_records`) are kept whatever their age.
+        Returns their paths; ``dry_run`` only lists them. Works on a dataset whose create
+        never committed."""
         self.validate_name(name)
         if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
             raise InvalidRequest(
@@ -527,7 +529,12 @@ class Store(Tables):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
         fs = self.filesystem(name)
         cutoff = dt.datetime.now(dt.UTC) - older_than
-        old = {i.path for i in staging.staged_files(fs) if i.mtime is not None and i.mtime < cutoff}
+        alive = txn_records.alive(self, name)
+        old = {
+            i.path
+            for i in staging.staged_files(fs)
+            if i.mtime is not None and i.mtime < cutoff and staging.staged_txn(i.path) not in alive
+        }
         if dry_run:
             return sorted(old - delta_log.referenced_paths(fs)) if old else []
         return self.delete_unreferenced(name, fs, old)

@@ -73,6 +73,11 @@ class Record:
     """When it was last written, by the store's clock."""
 
 
+def alive(tables: Tables, dataset: str) -> set[str]:
+    """The transactions of ``dataset`` with a live record: a vacuum keeps their files."""
+    return {r.txn for r in Records(tables).list() if r.kind == LIVE and r.dataset == dataset}
+
+
 def expired_error(dataset: str, txn: str, info: dict[str, Any]) -> InvalidRequest:
     """What a commit or write of an expired transaction is answered with (never retried:
     its staged files are gone)."""

@@ -293,3 +293,14 @@ def test_a_sweep_never_deletes_a_transaction_written_meanwhile(tmp_path: Path, w
         assert store.commit("race", "append", SCHEMA, [], staged).rows == 1000
     if when == "across":
         assert kept  # A saw B's record and backed off; B was refused all the same
+
+
+def test_a_vacuum_keeps_the_files_of_a_live_transaction_whatever_their_age(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("vac", SCHEMA)
+    txns = Transactions(store, CONFIG, pool=None, per_token=False)
+    staged = stage(txns, "vac", "t3")
+    assert store.cleanup_orphans("vac", older_than=dt.timedelta(0)) == []  # alive: kept
+    assert local_files(tmp_path, "vac", "t3")
+    txns.records.remove("vac", "t3", LIVE)  # no record: a leftover nobody holds
+    assert store.cleanup_orphans("vac", older_than=dt.timedelta(0)) == [staged[0].path]

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 
-# Slow (4 min at load 12: its own Spark and service, a million rows). The fast suite runs the
-# same path, smaller: the quickstart notebook (tests/test_notebooks.py: start_service, Spark
-# writes, a filtered read, a stream), and the demo's no-Java check below.
+# Slow (4 min at load 12: its own Spark and service, a million rows). The fast suite runs each
+# step against the suite's Spark session (tests/spark/test_batch.py: writes, a filtered read;
+# tests/spark/test_streaming.py: a stream), the demo's service as the demo starts it, and the
+# demo's no-Java check below; the quickstart notebook (same path, smaller) runs in make slow.
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(600)

@@ -40,6 +40,12 @@ def test_protocol_notebook() -> None:
     assert "lost in transit" in text and "buffered while stalled" in text
 
 
+# Slow (300 s, a timeout, at load 15; the suite's most expensive test: a kernel with a Spark
+# application of its own). The fast suite covers each of its steps against the suite's Spark
+# session: tests/spark/test_batch.py (write, overwrite and append, a filtered read,
+# versionAsOf), tests/service (Client.read with columns and a filter, list, describe) and
+# tests/spark/test_streaming.py::test_available_now_with_max_rows_reads_the_backlog_in_limited_batches.
+@pytest.mark.slow
 @pytest.mark.spark
 def test_quickstart_notebook() -> None:
     text = outputs(execute("quickstart.ipynb"))

@@ -25,6 +25,37 @@ pytestmark = pytest.mark.spark
 DRIVER = Path(__file__).with_name("registration_driver.py")
 
 
+# What Spark's lookup does (pyspark.sql.worker.lookup_data_sources, in a fresh Python worker at
+# the session's first data-source call): every top-level pyspark_* module that pkgutil lists,
+# imported, its DefaultSource registered under its name().
+LOOKUP = """
+import json, pkgutil, importlib
+from pyspark.sql.datasource import DataSource
+found = {}
+for info in pkgutil.iter_modules():
+    if info.name.startswith("pyspark_"):
+        source = getattr(importlib.import_module(info.name), "DefaultSource", None)
+        if source is not None and issubclass(source, DataSource):
+            found[source.name()] = source.__module__ + "." + source.__qualname__
+print(json.dumps(found))
+"""
+
+
+def test_spark_finds_the_data_source_from_any_directory(tmp_path: Path) -> None:
+    """The fast half of the test below, without a Spark application: Spark's own lookup,
+    run as its worker runs it, from a directory outside the repository, finds "aqueduct"."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    run = subprocess.run(
+        [sys.executable, "-c", LOOKUP], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    assert found.get("aqueduct") == "aqueduct_spark.datasource.source.AqueductDataSource", found
+
+
+# Slow (170 s at load 15: a Spark application of its own, started from another directory).
+# The fast suite keeps the lookup above, and every other Spark test uses format("aqueduct").
+@pytest.mark.slow
 def test_format_aqueduct_works_from_any_directory_without_registering(
     service: ServiceProcess, tmp_path: Path
 ) -> None:

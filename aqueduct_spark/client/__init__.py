@@ -13,7 +13,8 @@ The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service ad
 ``models`` (what answers carry), ``failures`` (which can heal) and ``retry`` (the one retry
 policy), ``connecting`` (opening a connection within ``connect_timeout``), ``session`` (the connection and requests), ``reads``, ``writes`` and
 ``subscriptions`` (the sides of :class:`AsyncClient`, in ``aio``), ``pool`` (the loop
-thread, the connection pool, closing it at exit) and ``blocking`` (:class:`Client`).
+thread, the connection pool, closing it at exit; ``exit_signals`` makes sure an exit
+signal's handler runs) and ``blocking`` (:class:`Client`).
 """
 
 from typing import TYPE_CHECKING

@@ -9,6 +9,8 @@ interpreter exit (``atexit``), and on SIGTERM or SIGHUP when they would kill the
 outright (their default action skips ``atexit``). Spark's Python workers end that way: the
 worker daemon sends SIGHUP to its workers when the executor stops. Closing never waits for
 an answer longer than :data:`EXIT_GRACE` in all, so a dead service does not hold up the exit.
+A signal that reaches the main thread just before it blocks still ends the process
+(:mod:`.exit_signals`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from types import FrameType
 from typing import TypeVar
 
+from aqueduct_spark.client import exit_signals
 from aqueduct_spark.client.aio import AsyncClient
 from aqueduct_spark.client.config import ClientConfig
 
@@ -91,6 +94,8 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 _pool: dict[ClientConfig, AsyncClient] = {}
 _pool_pid = os.getpid()
 _hooked_pid: int | None = None
+_dying: int | None = None
+"""The pid of a process whose exit-signal handler has started."""
 
 
 def pooled(config: ClientConfig) -> AsyncClient:
@@ -127,6 +132,7 @@ def _close_pool() -> None:
     # still running native code at exit can crash the process).
     portal.loop.call_soon_threadsafe(portal.loop.stop)
     portal.thread.join(EXIT_GRACE)
+    exit_signals.unwatch()
 
 
 async def _shutdown(clients: list[AsyncClient]) -> None:
@@ -149,7 +155,7 @@ def _hook_exit() -> None:
     after it. Signal handlers go only where the default action would skip ``atexit``, and
     only the main thread may set them (a process whose first client is made on another
     thread is hooked when the main thread makes one); the process then dies of the same
-    signal as before."""
+    signal as before. The loop thread makes sure the handler runs (:mod:`.exit_signals`)."""
     global _hooked_pid
     weakref.finalize(_close_pool, lambda: None).detach()
     atexit.unregister(_close_pool)
@@ -157,13 +163,26 @@ def _hook_exit() -> None:
     if _hooked_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
         return
     _hooked_pid = os.getpid()
+    hooked = []
     for sig in EXIT_SIGNALS:
         with contextlib.suppress(ValueError, OSError):
             if signal.getsignal(sig) is signal.SIG_DFL:
                 signal.signal(sig, _close_then_die)
+                hooked.append(sig)
+    if hooked:
+        exit_signals.watch(Portal.get().loop, hooked, _handled)
+
+
+def _handled(signum: int) -> bool:
+    """Whether ``signum`` needs no more sending: our handler started, or is not its handler."""
+    return _dying == os.getpid() or signal.getsignal(signum) is not _close_then_die
 
 
 def _close_then_die(signum: int, frame: FrameType | None) -> None:
+    global _dying
+    if _dying == os.getpid():  # a repeat of the signal while the first one closes the pool
+        return
+    _dying = os.getpid()
     _close_pool()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

@@ -51,8 +51,9 @@ NOT_FAILURES = {"EndOfChannel"}
 """Error classes that are not failures (the clean end of a channel): nothing to do."""
 BASES = {"AqueductError", "DatasetError", "ChannelError", "ProtocolError"}
 """Base classes, never raised themselves: their remedy points to the guide."""
-NEVER_SHOWN = {"Truncated"}
-"""Signals caught where they are raised (a parser's "need more bytes")."""
+NEVER_SHOWN = {"Truncated", "Reload"}
+"""Signals caught where they are raised (a parser's "need more bytes", a kept log tail's "load me
+afresh")."""
 
 # -- the classes and the places that raise them ----------------------------------------------
 

@@ -21,21 +21,17 @@ commits on its own: the baseline of ``benchmarks/bench_commits.py``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -44,14 +40,15 @@ from deltalake.transaction import AddAction, RemoveAction
 from aqueduct_spark.protocol import (
     CommitResult,
     Conflict,
+    DatasetError,
     InternalError,
     InvalidRequest,
     SchemaMismatch,
     StagedFile,
 )
 
-from . import delta_log, delta_types, staging
-from .tables import Tables, delta_error
+from . import delta_commit, delta_log, delta_types, log_tail, staging
+from .tables import LatestState, Tables, delta_error
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -172,101 +169,6 @@ GROUPS = Groups()
 """The process's queues: every Store of one root shares them."""
 
 
-@dataclass(eq=False)
-class _Latest:
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    table: DeltaTable | None = None
-    fs: Any = None
-    mark: tuple[int, Any] = (-1, None)  # a version and its commit file's (size, mtime)
-
-
-class Snapshots:
-    """The latest version of each dataset to commit on: one Delta table handle per dataset
-    kept up to date with ``update_incremental`` (it reads the new commits only; a full load
-    replays the log from the last checkpoint, up to 100 commit files: 10-100x slower on an
-    object store). Reads take their immutable :meth:`Tables.snapshot` instead; a commit
-    needs the handle itself (its app transactions, ``create_write_transaction``).
-    A dataset dropped and created again is noticed by its commit file changing, and loaded
-    afresh. Thread-safe: a handle is used by one thread at a time, under its lock."""
-
-    def __init__(self, size: int = 64) -> None:
-        self._lock = threading.Lock()
-        self._size = size
-        self._latest: OrderedDict[Hashable, _Latest] = OrderedDict()
-
-    @contextlib.contextmanager
-    def table(self, tables: Tables, name: str) -> Iterator[DeltaTable]:
-        """The latest version's handle, for use inside the ``with`` block only."""
-        key = (tables.root, name)
-        with self._lock:
-            entry = self._latest.pop(key, None) or _Latest()
-            self._latest[key] = entry
-            while len(self._latest) > self._size:
-                self._latest.popitem(last=False)
-        with entry.lock:
-            try:
-                yield self._refresh(tables, name, entry)
-            except BaseException:
-                entry.table = None  # whatever broke, the next use loads afresh
-                raise
-
-    @staticmethod
-    def _refresh(tables: Tables, name: str, entry: _Latest) -> DeltaTable:
-        def mark(info: Any) -> Any:
-            return (info.size, info.mtime_ns) if info.type == pafs.FileType.File else None
-
-        if entry.table is not None:
-            try:
-                version, key = entry.mark
-                here, after = entry.fs.get_file_info(
-                    [delta_log.commit_path(version), delta_log.commit_path(version + 1)]
-                )
-                if mark(here) == key:  # still the table we loaded
-                    if mark(after) is None:
-                        return entry.table  # nothing committed since: no listing
-                    entry.table.update_incremental()  # lists the log (locally all of it)
-                    version = entry.table.version()
-                    entry.mark = (
-                        version,
-                        mark(entry.fs.get_file_info(delta_log.commit_path(version))),
-                    )
-                    return entry.table
-            except (DeltaError, OSError):
-                pass
-        entry.table = None
-        entry.fs = tables.filesystem(name)
-        table = tables.open_table(name)
-        entry.mark = (
-            table.version(),
-            mark(entry.fs.get_file_info(delta_log.commit_path(table.version()))),
-        )
-        entry.table = table
-        return table
-
-    def advance(self, tables: Tables, name: str) -> None:
-        """After a commit through the handle (inside :meth:`table`): bring it to the version
-        committed (deltalake leaves the handle where it was) and offer its snapshot to
-        ``tables``, so that neither the next commit nor the next request (``begin``,
-        ``describe``, a stream's ``offsets``) lists the log again for this commit."""
-        with self._lock:
-            entry = self._latest.get((tables.root, name))
-        if entry is None or entry.table is None:
-            return
-        with entry.lock:  # (re-entered: the committing thread holds it)
-            table = self._refresh(tables, name, entry)
-            tables.offer(name, table)
-
-    def filesystem(self, tables: Tables, name: str) -> Any:
-        """The dataset's filesystem, as :meth:`Tables.filesystem` (kept: making one for an
-        object store costs about 10 ms)."""
-        with self._lock:
-            entry = self._latest.get((tables.root, name))
-        return entry.fs if entry is not None and entry.fs is not None else tables.filesystem(name)
-
-
-SNAPSHOTS = Snapshots()
-
-
 def check_partitioning(
     name: str, table_parts: tuple[str, ...], partition_by: Sequence[str]
 ) -> None:
@@ -292,10 +194,11 @@ def append(
     """Append ``files`` to the existing dataset ``name`` in the next group commit: checked
     here, in the writer's thread, then queued. None: the append takes the ordinary path
     (its columns need a protocol feature the table lacks)."""
-    with SNAPSHOTS.table(tables, name) as table:
-        done = already_applied(table, app_id, app_version)
-        parts = tuple(table.metadata().partition_columns)
-        features = table.protocol().reader_features or []
+    with tables.latest_state(name) as state:
+        assert state.tail is not None
+        done = tail_applied(state, app_id, app_version)
+        parts = state.tail.partition_by
+        features = state.tail.protocol.get("readerFeatures") or []
     if done is not None:
         return done
     check_partitioning(name, parts, partition_by)
@@ -335,7 +238,7 @@ def commit_appends(
 
     Per writer: an app transaction already applied is ``committed=False`` and left out, a
     file already committed or a schema changed meanwhile fails that writer alone. A commit
-    that loses to concurrent ones (beyond what deltalake's own retries rebase) is retried
+    that loses to concurrent ones (beyond the immediate rebases: :data:`REBASES`) is retried
     with jittered backoff; after the last attempt every writer left gets :class:`Conflict`.
     """
     out: dict[int, CommitResult | Exception] = {}
@@ -344,9 +247,8 @@ def commit_appends(
     for attempt in range(APPEND_ATTEMPTS):
         if failure is not None:
             time.sleep(backoff(attempt))
-        with SNAPSHOTS.table(tables, name) as table:
-            fs = SNAPSHOTS.filesystem(tables, name)
-            status = _commit_batch(tables, name, table, fs, batch, out, group_id)
+        with tables.latest_state(name) as state:
+            status = _commit_batch(tables, name, state, batch, out, group_id)
         if isinstance(status, CommitFailedError):
             failure = status  # an append rebases onto anything: reload, check again, retry
             continue
@@ -358,33 +260,97 @@ def commit_appends(
     return [out.get(i, conflict) for i in range(len(batch))]
 
 
+REBASES = 15
+"""Commits won by others that one attempt rebases onto at once (as deltalake's default
+retries), checking each writer again, before it backs off."""
+
+
 def _commit_batch(
     tables: Tables,
     name: str,
-    table: DeltaTable,
-    fs: Any,
+    state: LatestState,
     batch: list[Append],
     out: dict[int, CommitResult | Exception],
     group_id: str,
 ) -> CommitFailedError | None:
-    """One attempt of :func:`commit_appends`: outcomes go into ``out``; a commit that lost
-    is returned, to be retried."""
-    current = pa.schema(table.schema().to_arrow())
-    parts = tuple(table.metadata().partition_columns)
-    active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
+    """One attempt of :func:`commit_appends` (under the dataset's kept state, its tail at
+    the latest version): outcomes go into ``out``; a commit that lost is returned, to be
+    retried."""
+    tail = state.tail
+    assert tail is not None
+    fs = tables.filesystem(name)
+    local = tables.local_dir(name)
+    own = local is not None and delta_commit.blocker(tail) is None
+    for _ in range(REBASES if own else 1):
+        live = _check(name, state, batch, out)
+        if not live:
+            return None
+        adds: list[AddAction] = [a for i in live for a in batch[i].adds]
+        meta = {**commit_meta("append", batch[live[0]].adds, group_id), "writers": len(live)}
+        for i in live[1:]:
+            mine = commit_meta("append", batch[i].adds)
+            meta.update({k: meta[k] + mine[k] for k in ("rows", "bytes", "files")})
+            meta["txns"] = sorted({*meta["txns"], *mine["txns"]})
+        meta["data_change"] = bool(adds)
+        txns = [
+            (a.app_id, a.app_version)
+            for a in (batch[i] for i in live)
+            if a.app_id is not None and a.app_version is not None
+        ]
+        if own:
+            assert local is not None
+            version = tail.version + 1
+            actions = delta_commit.actions(tail, adds, txns, meta, METADATA_KEY)
+            key = delta_commit.put_if_absent(local, version, delta_commit.encode(actions))
+            if key is None:  # another writer won this version: read it, check again
+                log_tail.advance(tail, fs)
+                continue
+            tail.apply(version, key, actions)
+            delta_commit.after_commit(
+                tables.uri(name),
+                tables.delta_options(),
+                tail,
+                version,
+                tables.commit_hooks,
+                checkpoint=True,
+            )
+        else:
+            result = _deltalake_commit(tables, name, state, [*adds], txns, meta, group_id)
+            if not isinstance(result, int):
+                if isinstance(result, CommitFailedError):
+                    return result
+                out.update((i, result) for i in live)
+                return None
+            version = result
+        for i in live:
+            mine = commit_meta("append", batch[i].adds, group_id)
+            out[i] = CommitResult(version, mine["rows"], mine["bytes"], mine["files"], True)
+        return None
+    return CommitFailedError(
+        f"Transaction failed: {REBASES} versions in a row were taken by other writers"
+    )
+
+
+def _check(
+    name: str, state: LatestState, batch: list[Append], out: dict[int, CommitResult | Exception]
+) -> list[int]:
+    """The writers of ``batch`` still to commit against the latest version (the state's
+    tail); the outcome of each other one goes into ``out``."""
+    tail = state.tail
+    assert tail is not None
     live = []
     for i, append in enumerate(batch):
         if i in out:
             continue
-        done = already_applied(table, append.app_id, append.app_version)
+        done = tail_applied(state, append.app_id, append.app_version)
         if done is not None:
             out[i] = done
-        elif append.schema != current or append.parts != parts:
+        elif append.schema != tail.schema or append.parts != tail.partition_by:
             out[i] = Conflict(
                 f"the schema of dataset {name!r} changed while the append waited to "
                 "commit; its staged files are kept: check the schema, stage again"
             )
-        elif any(a.path in active for a in append.adds):
+        elif any(a.path in tail.live for a in append.adds):
             out[i] = InvalidRequest(
                 f"staged files of this append are already part of dataset {name!r}: it was "
                 "committed before (give a commit an app_id and app_version to make repeating "
@@ -392,44 +358,60 @@ def _commit_batch(
             )
         else:
             live.append(i)
-    if not live:
-        return None
-    adds: list[AddAction | RemoveAction] = [a for i in live for a in batch[i].adds]
-    meta = {**commit_meta("append", batch[live[0]].adds, group_id), "writers": len(live)}
-    for i in live[1:]:
-        own = commit_meta("append", batch[i].adds)
-        meta.update({k: meta[k] + own[k] for k in ("rows", "bytes", "files")})
-        meta["txns"] = sorted({*meta["txns"], *own["txns"]})
-    meta["data_change"] = bool(adds)
-    txns = [
-        Transaction(a.app_id, a.app_version)
-        for a in (batch[i] for i in live)
-        if a.app_id is not None and a.app_version is not None
-    ]
-    before = table.version()
+    return live
+
+
+def _deltalake_commit(
+    tables: Tables,
+    name: str,
+    state: LatestState,
+    adds: list[AddAction | RemoveAction],
+    txns: list[tuple[str, int]],
+    meta: dict[str, Any],
+    group_id: str,
+) -> int | CommitFailedError | DatasetError:
+    """The append committed by deltalake (an object store, or a table whose features only
+    deltalake writes): the version it landed at, or why not."""
+    tail, table = state.tail, state.table
+    assert tail is not None and table is not None
+    if table.version() < tail.version:
+        table.load_as_version(tail.version)  # the commits since (listed after its version)
+    before = tail.version
     try:
         table.create_write_transaction(
             adds,
             mode="append",
-            schema=DeltaSchema.from_arrow(current),
-            partition_by=list(parts),
+            schema=DeltaSchema.from_arrow(tail.schema),
+            partition_by=list(tail.partition_by),
             commit_properties=CommitProperties(
-                custom_metadata={METADATA_KEY: meta}, app_transactions=txns or None
+                custom_metadata={METADATA_KEY: meta},
+                app_transactions=[Transaction(a, v) for a, v in txns] or None,
             ),
-            post_commithook_properties=tables.commit_hooks,
+            post_commithook_properties=delta_commit.hooks(tables.commit_hooks),
         )
     except CommitFailedError as exc:
         return exc
     except DeltaError as exc:
-        error = delta_error(name, exc)
-        out.update((i, error) for i in live)
-        return None
-    version = find_commit(tables, name, before, group_id, fs)
-    SNAPSHOTS.advance(tables, name)
-    for i in live:
-        own = commit_meta("append", batch[i].adds, group_id)
-        out[i] = CommitResult(version, own["rows"], own["bytes"], own["files"], True)
-    return None
+        return delta_error(name, exc)
+    fs = tables.filesystem(name)
+    read = log_tail.advance(tail, fs)
+    version = next((v for v, acts in read if _commit_id(acts) == group_id), None)
+    if version is None:
+        version = find_commit(tables, name, before, group_id, fs)
+    delta_commit.after_commit(
+        tables.uri(name),
+        tables.delta_options(),
+        tail,
+        version,
+        tables.commit_hooks,
+        checkpoint=False,
+    )
+    return version
+
+
+def _commit_id(actions: Sequence[dict[str, Any]]) -> Any:
+    meta = delta_log.commit_info(actions).get(METADATA_KEY)
+    return meta.get("commit_id") if isinstance(meta, dict) else None
 
 
 def find_commit(tables: Tables, name: str, before: int, commit_id: str, fs: Any = None) -> int:
@@ -438,11 +420,23 @@ def find_commit(tables: Tables, name: str, before: int, commit_id: str, fs: Any 
     fs = fs or tables.filesystem(name)
     version = before + 1
     while actions := delta_log.read_log(fs, version):
-        meta = delta_log.commit_info(actions).get(METADATA_KEY)
-        if isinstance(meta, dict) and meta.get("commit_id") == commit_id:
+        if _commit_id(actions) == commit_id:
             return version
         version += 1
     raise InternalError(f"the commit to dataset {name!r} succeeded but is not in its log")
+
+
+def tail_applied(
+    state: LatestState, app_id: str | None, app_version: int | None
+) -> CommitResult | None:
+    """As :func:`already_applied`, from the kept state's tail (the latest version)."""
+    if app_id is None or app_version is None:
+        return None
+    assert state.tail is not None
+    last = state.tail.txn_version(app_id, state.table)
+    if last is not None and last >= app_version:
+        return CommitResult(state.tail.version, 0, 0, 0, False)
+    return None
 
 
 def already_applied(

@@ -86,17 +86,17 @@ class Store(Tables):
 
     def _info(self, name: str, snap: Snapshot) -> DatasetInfo:
         version = snap.version
-        adds = snap.files
-        times = delta_log.commit_times(self.filesystem(name))
+        times = self.commit_times(name)
+        first = self.filesystem(name).get_file_info(delta_log.commit_path(0))
         return DatasetInfo(
             name=name,
             version=version,
             schema=snap.schema,
             partition_by=snap.partition_by,
-            rows=int(pc.sum(adds["num_records"]).as_py() or 0) if adds.num_rows else 0,
-            bytes=int(pc.sum(adds["size_bytes"]).as_py() or 0) if adds.num_rows else 0,
-            files=adds.num_rows,
-            created=times.get(0),
+            rows=snap.rows,
+            bytes=snap.bytes,
+            files=snap.file_count,
+            created=times.get(0) if first.type == pafs.FileType.File else None,
             updated=times.get(version),
         )
 
@@ -121,8 +121,14 @@ class Store(Tables):
         if not self.exists(name):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
         fs = self.filesystem(name)
-        times = delta_log.commit_times(fs)
-        return history.history(fs, times, [v for v in sorted(times) if v >= (since_version or 0)])
+        since = since_version or 0
+        # from the kept commit times (no listing) when the log still starts at or before
+        # ``since`` (a stream's offsets ask from its last version); else listed
+        kept = (
+            since > 0 and fs.get_file_info(delta_log.commit_path(since)).type == pafs.FileType.File
+        )
+        times = self.commit_times(name) if kept else delta_log.commit_times(fs)
+        return history.history(fs, times, [v for v in sorted(times) if v >= since])
 
     # -- creating and dropping ---------------------------------------------------------------------
 

@@ -30,8 +30,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -52,62 +51,22 @@ from aqueduct_spark.protocol import (
     require_int,
 )
 
-from . import delta_log
+from . import delta_log, log_tail
+from .snapshots import LatestState as LatestState
+from .snapshots import Snapshot as Snapshot
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _META_CACHE_SIZE = 256
 _STATE_CACHE_SIZE = 64
 _SNAPSHOT_CACHE_SIZE = 16
 _WALK_LIMIT = 64
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What reads need of one version of a table, taken once (a version never changes)."""
-
-    version: int
-    schema: pa.Schema
-    partition_by: tuple[str, ...]
-    table_id: str
-    files: pa.Table
-    """The live files: ``get_add_actions(flatten=True)`` of that version."""
-
-    @functools.cached_property
-    def paths(self) -> frozenset[str]:
-        """The storage paths of the live files (the log's are URL-encoded once more), worked
-        out once per snapshot: what a scan's splits are checked against (``split_files``)."""
-        return frozenset(unquote(p) for p in self.files.column("path").to_pylist())
-
-    @classmethod
-    def of(cls, table: DeltaTable) -> Snapshot:
-        metadata = table.metadata()
-        return cls(
-            version=table.version(),
-            schema=pa.schema(table.schema().to_arrow()),
-            partition_by=tuple(metadata.partition_columns),
-            table_id=str(metadata.id),
-            files=pa.table(table.get_add_actions(flatten=True)),
-        )
-
-
-class _State:
-    """The latest state of one dataset: its table handle (used under ``lock`` only), the
-    snapshot taken from it, and the identity of that version's commit file."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.table: DeltaTable | None = None
-        self.snapshot: Snapshot | None = None
-        self.key: tuple[Any, ...] | None = None
-        self.loads = 0  # full loads of the log (tests count them)
-        self.updates = 0  # incremental updates
+_TICK = dt.timedelta(milliseconds=1)
 
 
 _FIRST = os.path.basename(delta_log.commit_path(0))
 
 
-def _file_key(info: pafs.FileInfo) -> tuple[Any, ...] | None:
-    return (info.size, info.mtime_ns) if info.type == pafs.FileType.File else None
+_file_key = log_tail.file_key
 
 
 def _utc(ts: dt.datetime) -> dt.datetime:
@@ -149,7 +108,7 @@ class Tables:
         self._pinned_cache: OrderedDict[tuple[Any, ...], tuple[pa.Schema, tuple[str, ...], str]] = (
             OrderedDict()
         )
-        self._states: OrderedDict[str, _State] = OrderedDict()
+        self._states: OrderedDict[str, LatestState] = OrderedDict()
         self._snapshots: OrderedDict[tuple[Any, ...], Snapshot] = OrderedDict()
         self._filesystems: OrderedDict[str, pafs.FileSystem] = OrderedDict()
 
@@ -304,74 +263,114 @@ class Tables:
                     self._snapshots.popitem(last=False)
         return snap
 
-    def _state(self, name: str) -> _State:
+    def _state(self, name: str) -> LatestState:
         with self._lock:
             state = self._states.get(name)
             if state is None:
-                state = self._states[name] = _State()
+                state = self._states[name] = LatestState()
                 while len(self._states) > _STATE_CACHE_SIZE:
                     self._states.popitem(last=False)
             self._states.move_to_end(name)
             return state
 
+    def _refresh(self, name: str, state: LatestState) -> log_tail.Tail:
+        """Bring ``state``'s tail to the latest version (under its lock): the commits since,
+        read from their files; a load of the table (one listing of the log) only the first
+        time, or when the log cannot tell (:mod:`.log_tail`)."""
+        fs = self.filesystem(name)
+        if state.tail is not None:
+            try:
+                if log_tail.advance(state.tail, fs):
+                    state.updates += 1
+                return state.tail
+            except (log_tail.Reload, OSError, ValueError, KeyError, TypeError, DeltaError):
+                pass
+        state.tail = state.table = state.snapshot = state.times = None
+        table = self.open_table(name)
+        state.loads += 1
+        state.tail = log_tail.load(table, fs)
+        state.table = table
+        return state.tail
+
+    @contextlib.contextmanager
+    def latest_state(self, name: str) -> Iterator[LatestState]:
+        """The kept state of dataset ``name``, its tail brought to the latest version, held
+        (its lock) for the ``with`` block: commits check and write under it. Whatever
+        breaks in the block, the state is loaded afresh next time."""
+        self.validate_name(name)
+        state = self._state(name)
+        with state.lock:
+            self._refresh(name, state)
+            try:
+                yield state
+            except BaseException:
+                state.tail = state.table = state.snapshot = state.times = None
+                raise
+
     def _latest(self, name: str) -> Snapshot:
         state = self._state(name)
         with state.lock:
-            fs = self.filesystem(name)
+            tail = self._refresh(name, state)
             snap = state.snapshot
-            if state.table is not None and snap is not None:
-                here, after = fs.get_file_info(
-                    [delta_log.commit_path(snap.version), delta_log.commit_path(snap.version + 1)]
-                )
-                if _file_key(here) != state.key:
-                    state.table = None  # dropped, maybe created again: load it afresh
-                elif after.type == pafs.FileType.NotFound:
-                    return snap  # nothing committed since
-                else:
-                    try:
-                        state.table.update_incremental()
-                        state.updates += 1
-                    except DeltaError:
-                        state.table = None
-            if state.table is None:
-                state.table = self.open_table(name)
-                state.loads += 1
-            snap = Snapshot.of(state.table)
-            state.snapshot = snap
-            state.key = _file_key(fs.get_file_info(delta_log.commit_path(snap.version)))
+            if snap is None or (snap.version, state.key) != (tail.version, tail.key):
+                load = functools.partial(self._files, name, state, tail.version, tail.table_id)
+                state.snapshot = snap = Snapshot.of_tail(tail, load)
+                state.key = tail.key
             return snap
 
+    def _files(self, name: str, state: LatestState, version: int, table_id: str) -> pa.Table:
+        """The live files of version ``version`` of the table ``table_id`` (a snapshot's,
+        on first use): from the state's reader table, brought forward to it (deltalake reads
+        the commits since), or a table loaded at that version."""
+        with state.files_lock:
+            reader = state.reader
+            if reader is None or reader.version() > version:
+                reader = self.open_table(name, version)
+                if reader.version() == version and str(reader.metadata().id) == table_id:
+                    state.reader = reader
+            elif reader.version() < version:
+                reader.load_as_version(version)
+            if str(reader.metadata().id) != table_id:
+                state.reader = None
+                raise DatasetNotFound(
+                    f"dataset {name!r} was dropped and created again while it was read"
+                )
+            return pa.table(reader.get_add_actions(flatten=True))
+
+    def commit_times(self, name: str) -> dict[int, dt.datetime]:
+        """Every version of dataset ``name`` with its commit time, as
+        :func:`.delta_log.commit_times` gives them: listed once, then kept and extended with
+        a stat of each new commit file. Versions the log has cleaned up since may linger at
+        the start: callers check the oldest one they use."""
+        state = self._state(name)
+        with state.lock:
+            tail = self._refresh(name, state)
+            fs = self.filesystem(name)
+            times = state.times
+            if times:
+                new = range(max(times) + 1, tail.version + 1)
+                infos = fs.get_file_info([delta_log.commit_path(v) for v in new]) if new else []
+                if any(i.type != pafs.FileType.File or i.mtime is None for i in infos):
+                    times = None  # cleaned up meanwhile: list again
+                else:
+                    times = dict(times)
+                    last = times[max(times)]
+                    for v, info in zip(new, infos, strict=True):
+                        mtime = info.mtime.astimezone(dt.UTC)
+                        last = times[v] = mtime if mtime > last else last + _TICK
+            if not times:
+                times = delta_log.commit_times(fs)
+            state.times = times
+            return times
+
     def kept_latest(self, name: str) -> Snapshot | None:
-        """The latest snapshot of ``name`` if its state is kept (brought up to date: two file
-        stats, and the new commits if any); None rather than loading the table."""
+        """The latest snapshot of ``name`` if its state is kept (brought up to date: a few
+        file stats, and the new commits if any); None rather than loading the table."""
         with self._lock:
             state = self._states.get(name)
-        if state is None or state.snapshot is None:
+        if state is None or state.tail is None:
             return None
         return self._latest(name)
-
-    def offer(self, name: str, table: DeltaTable) -> None:
-        """A table handle of dataset ``name`` newer than the kept state (a commit was just
-        made through it): its snapshot becomes the kept latest, so the next request does not
-        update the state's own handle (a listing of the log) for that commit. Ignored unless
-        the state is warm and the kept version's commit file is unchanged (the same table);
-        the state's handle catches up from where it was when a newer commit appears."""
-        with self._lock:
-            state = self._states.get(name)
-        if state is None:
-            return
-        with state.lock:
-            snap = state.snapshot
-            if state.table is None or snap is None or table.version() <= snap.version:
-                return
-            fs = self.filesystem(name)
-            here, new = fs.get_file_info(
-                [delta_log.commit_path(snap.version), delta_log.commit_path(table.version())]
-            )
-            if _file_key(here) != state.key or _file_key(new) is None:
-                return
-            state.snapshot = Snapshot.of(table)
-            state.key = _file_key(new)
 
     def forget(self, name: str) -> None:
         """Drop every cached state of dataset ``name`` (after dropping it)."""
@@ -408,7 +407,7 @@ class Tables:
         self.validate_name(name)
         with self._lock:
             state = self._states.get(name)
-        if state is not None and state.snapshot is not None:
+        if state is not None and state.tail is not None:
             return self._latest(name).version
         local = self.local_dir(name)
         if local is not None and self.exists(name):
@@ -470,13 +469,8 @@ class Tables:
                     self._pinned_cache.move_to_end(key)
                     meta = self._pinned_cache[key]
                     break
-            snap = state.snapshot if state is not None else None
-            if (
-                snap is not None
-                and snap.version == v
-                and state is not None
-                and state.key == key[2:]
-            ):
+            snap, snap_key = (state.snapshot, state.key) if state is not None else (None, None)
+            if snap is not None and snap.version == v and snap_key == key[2:]:
                 meta = (snap.schema, snap.partition_by, snap.table_id)
                 break
             walked.append(key)

@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from delta_store_helpers import stage
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from aqueduct_spark.protocol import CommitResult, Conflict, InvalidRequest, SchemaMismatch
-from aqueduct_spark.service import commits, delta_log, group_commit
+from aqueduct_spark.service import commits, delta_commit, delta_log, group_commit
 from aqueduct_spark.service.store import Store
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -155,9 +155,44 @@ def test_one_writers_bad_append_fails_it_alone(store: Store, slow_leader: list[i
     assert all_ids(store, "d") == [0, 1, 10, 20, 30, 1000]
 
 
-def test_a_lost_commit_is_retried_with_jittered_backoff_then_conflict(
+def test_a_lost_version_is_rebased_at_once_then_backed_off_then_conflict(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a local root the service writes the commit file itself, put only if absent: a
+    version another writer took is read, the append checked again and put at the next
+    version at once; only a run of losses backs off, and six of those are Conflict."""
+    waits: list[float] = []
+    monkeypatch.setattr(group_commit.time, "sleep", waits.append)
+    original = delta_commit.put_if_absent
+    taken = {"left": 2}
+
+    def contended(table_dir: str, version: int, body: bytes) -> Any:
+        if taken["left"]:  # another writer (deltalake's) takes the version first
+            taken["left"] -= 1
+            write_deltalake(store.uri("d"), ids(100 + version, 1), mode="append")
+        return original(table_dir, version, body)
+
+    monkeypatch.setattr(delta_commit, "put_if_absent", contended)
+    schema, files = stage(store, "d", ids(0, 3))
+    result = store.commit("d", "append", schema, (), files)
+    assert (result.version, result.rows, waits) == (3, 3, [])  # after the two others'
+    assert all_ids(store, "d") == [0, 1, 2, 101, 102]
+    monkeypatch.setattr(delta_commit, "put_if_absent", lambda *a: None)  # always taken
+    schema, files = stage(store, "d", ids(10, 3))
+    with pytest.raises(Conflict, match="conflicted with concurrent commits 6 times"):
+        store.commit("d", "append", schema, (), files)
+    assert len(waits) == 5
+    spread = {round(commits.backoff(4), 6) for _ in range(20)}
+    assert len(spread) > 10 and max(spread) <= 1.6  # jittered, capped per attempt
+    assert delta_log.commit_times(store.filesystem("d")).keys() == {0, 1, 2, 3}
+
+
+def test_deltalakes_commit_is_retried_with_jittered_backoff_then_conflict(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table with a feature only deltalake writes (here a CHECK constraint) is committed
+    by deltalake: a commit it reports lost is retried with backoff, then Conflict."""
+    DeltaTable(store.uri("d")).alter.add_constraint({"positive": "id >= 0"})
     waits: list[float] = []
     monkeypatch.setattr(group_commit.time, "sleep", waits.append)
     original = DeltaTable.create_write_transaction
@@ -178,9 +213,8 @@ def test_a_lost_commit_is_retried_with_jittered_backoff_then_conflict(
     with pytest.raises(Conflict, match="conflicted with concurrent commits 6 times"):
         store.commit("d", "append", schema, (), files)
     assert len(waits) == 2 + 5
-    spread = {round(commits.backoff(4), 6) for _ in range(20)}
-    assert len(spread) > 10 and max(spread) <= 1.6  # jittered, capped per attempt
-    assert delta_log.commit_times(store.filesystem("d")).keys() == {0, 1}
+    assert delta_log.commit_times(store.filesystem("d")).keys() == {0, 1, 2}
+    assert all_ids(store, "d") == [0, 1, 2]
 
 
 def test_a_dataset_dropped_and_created_again_is_seen_afresh(store: Store) -> None:

@@ -1,0 +1,225 @@
+"""Issue 31: appends on a local root are committed by the service itself (put-if-absent of the
+next commit file, :mod:`aqueduct_spark.service.delta_commit`) from the log's kept tail
+(:mod:`aqueduct_spark.service.log_tail`): no listing of ``_delta_log``, so the cost of an
+append does not grow with the log. The commits must stay Delta: other readers read them,
+other writers (other processes, deltalake) race them safely, checkpoints still come every
+interval, and tables with features only deltalake writes still go through deltalake."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from delta_store_helpers import stage, write
+from deltalake import DeltaTable, write_deltalake
+
+from aqueduct_spark.service import delta_commit, delta_log, log_tail, maintenance, tables
+from aqueduct_spark.service.store import Store
+
+SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string())])
+
+
+def rows(lo: int, n: int, p: str = "a") -> pa.Table:
+    return pa.table({"id": pa.array(range(lo, lo + n), pa.int64()), "p": [p] * n}, schema=SCHEMA)
+
+
+def log_entry(store: Store, name: str, version: int) -> list[dict[str, Any]]:
+    return delta_log.read_log(store.filesystem(name), version)
+
+
+def ids_of(table: pa.Table) -> list[int]:
+    return sorted(table.column("id").to_pylist())
+
+
+def test_an_append_is_a_delta_commit_other_readers_read(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("t", SCHEMA, partition_by=["p"])
+    awkward = ["a b", "100%", "é/ü", "x=y&z#?"]  # spaces, escapes, unicode, a slash
+    for k, p in enumerate(awkward):
+        write(store, "t", rows(10 * k, 3, p), partition_by=["p"], app_id="job", app_version=k)
+    actions = log_entry(store, "t", 4)
+    info = delta_log.commit_info(actions)
+    assert info["operation"] == "WRITE" and info["engineInfo"].startswith("aqueduct-spark/")
+    assert info["aqueduct"]["rows"] == 3 and info["readVersion"] == 3
+    assert {"txn": {"appId": "job", "version": 3, "lastUpdated": info["timestamp"]}} in actions
+    # deltalake (delta-kernel) and Polars read the same rows, partition values included
+    table = DeltaTable(store.uri("t"))
+    assert table.version() == 4 and table.transaction_version("job") == 3
+    got = table.to_pyarrow_table()
+    assert ids_of(got) == [0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32]
+    assert sorted(set(got.column("p").to_pylist())) == sorted(awkward)
+    polars = pl.read_delta(store.uri("t"))
+    assert sorted(polars["id"].to_list()) == ids_of(got)
+    assert dict(zip(polars["id"], polars["p"], strict=True))[30] == "x=y&z#?"
+    # each add's path, decoded, is a file that exists (the log spells it as deltalake does)
+    for add in (a["add"] for a in actions if "add" in a):
+        assert "%" in add["path"] or add["path"].isascii()
+        assert os.path.isfile(os.path.join(store.uri("t"), unquote(add["path"])))
+    assert table.history(1)[0]["operation"] == "WRITE"
+
+
+def test_the_append_path_lists_no_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """begin (schema check, snapshot), stage, commit, describe and a stream's offsets, over
+    and over: after the first load nothing calls what lists ``_delta_log`` (a table load,
+    deltalake's commit or update, the log listing of commit times)."""
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 2))
+    store.describe("t")
+    store.history("t", since_version=1)
+    calls: list[str] = []
+
+    def counted(what: str, real: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            calls.append(what)
+            return real(*a, **k)
+
+        return call
+
+    monkeypatch.setattr(tables.Tables, "open_table", counted("load", tables.Tables.open_table))
+    for method in ("update_incremental", "load_as_version", "create_write_transaction"):
+        monkeypatch.setattr(DeltaTable, method, counted(method, getattr(DeltaTable, method)))
+    monkeypatch.setattr(
+        tables.delta_log, "commit_times", counted("listing", delta_log.commit_times)
+    )
+    for k in range(1, 21):
+        store.check_schema("t", SCHEMA, "append")
+        assert store.snapshot("t").version == k
+        write(store, "t", rows(2 * k, 2), app_id="stream", app_version=k)
+        info = store.describe("t")
+        assert (info.version, info.rows, info.files) == (k + 1, 2 * k + 2, k + 1)
+        assert [v.version for v in store.history("t", since_version=k)] == [k, k + 1]
+    assert calls == []
+
+
+def test_several_processes_append_to_one_local_root(tmp_path: Path) -> None:
+    """Writers in two processes race for each next version: each append lands once, the
+    versions follow one another, every app transaction is recorded."""
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import pyarrow as pa
+        from delta_store_helpers import write
+        from aqueduct_spark.service.store import Store
+        w = int(sys.argv[1])
+        store = Store({str(tmp_path)!r})
+        for k in range(10):
+            data = pa.table({{"id": [w * 100 + k], "p": ["a"]}})
+            write(store, "t", data, app_id=f"writer-{{w}}", app_version=k)
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(w)]) for w in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    table = DeltaTable(store.uri("t"))
+    assert table.version() == 20
+    assert ids_of(table.to_pyarrow_table()) == sorted(
+        w * 100 + k for w in range(2) for k in range(10)
+    )
+    assert [table.transaction_version(f"writer-{w}") for w in range(2)] == [9, 9]
+    assert sorted(delta_log.commit_times(store.filesystem("t"))) == list(range(21))
+    assert store.snapshot("t").version == 20  # this process sees them all
+
+
+def test_checkpoints_come_every_interval(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    DeltaTable(store.uri("t")).alter.set_table_properties({"delta.checkpointInterval": "5"})
+    for k in range(12):  # versions 2..13
+        write(store, "t", rows(k, 1))
+    delta_commit.wait_checkpoints()
+    log_dir = tmp_path / "t" / "_delta_log"
+    made = sorted(int(f.name[:20]) for f in log_dir.glob("*.checkpoint.parquet"))
+    assert made == [4, 9]  # deltalake's rule: after version v when (v + 1) % interval == 0
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 9
+    for v in range(0, 9):  # a reader needs only the checkpoint and the commits after it
+        (log_dir / f"{v:020d}.json").unlink()
+    assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == list(range(12))
+    quiet = Store(tmp_path)  # with maintenance on, checkpoints are maintenance's
+    quiet.commit_hooks = maintenance.NO_HOOKS
+    for k in range(5):
+        write(quiet, "t", rows(100 + k, 1))
+    delta_commit.wait_checkpoints()
+    assert sorted(int(f.name[:20]) for f in log_dir.glob("*.checkpoint.parquet")) == [4, 9]
+
+
+def test_tables_with_features_only_deltalake_writes_use_its_commit(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    DeltaTable(store.uri("t")).alter.add_constraint({"positive": "id >= 0"})
+    write(store, "t", rows(0, 2))
+    info = delta_log.commit_info(log_entry(store, "t", 2))
+    assert info["engineInfo"].startswith("delta-rs") and info["aqueduct"]["rows"] == 2
+
+    def tail(protocol: dict[str, Any], config: dict[str, str] | None = None, **meta: Any) -> Any:
+        schema = {
+            "type": "struct",
+            "fields": [{"name": "x", "type": "long", "nullable": True, "metadata": meta}],
+        }
+        md = {"id": "i", "schemaString": json.dumps(schema), "configuration": config or {}}
+        return log_tail.Tail(0, None, protocol, md, pa.schema([]), {}, 0)
+
+    ok = tail({"minReaderVersion": 1, "minWriterVersion": 4})
+    assert delta_commit.blocker(ok) is None
+    features = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"]}
+    assert (
+        delta_commit.blocker(tail({**features, "writerFeatures": ["timestampNtz", "appendOnly"]}))
+        is None
+    )
+    assert "rowTracking" in str(
+        delta_commit.blocker(tail({**features, "writerFeatures": ["rowTracking"]}))
+    )
+    assert delta_commit.blocker(tail({"minReaderVersion": 1, "minWriterVersion": 8})) is not None
+    generated = tail(
+        {"minReaderVersion": 1, "minWriterVersion": 4}, **{"delta.generationExpression": "1"}
+    )
+    assert "generationExpression" in str(delta_commit.blocker(generated))
+    mapped = tail(
+        {"minReaderVersion": 2, "minWriterVersion": 5}, {"delta.columnMapping.mode": "name"}
+    )
+    assert delta_commit.blocker(mapped) == "column mapping"
+
+
+def test_a_tail_the_log_moved_far_from_is_loaded_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits many versions, checkpoints and cleans up the log behind it:
+    the kept tail cannot be read forward and is loaded again; the next append lands after
+    the other writer's last version, never in a gap the cleanup left."""
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 1))
+    assert store.snapshot("t").version == 1
+    for k in range(12):  # versions 2..13 by deltalake
+        write_deltalake(store.uri("t"), rows(100 + k, 1), mode="append")
+    DeltaTable(store.uri("t")).create_checkpoint()
+    for v in range(1, 13):  # cleaned up: version 2 (the next for our tail) is gone
+        os.remove(tmp_path / "t" / "_delta_log" / f"{v:020d}.json")
+    assert write(store, "t", rows(50, 1)).version == 14
+    monkeypatch.setattr(log_tail, "RELOAD_GAP", 3)
+    for k in range(6):
+        write_deltalake(store.uri("t"), rows(200 + k, 1), mode="append")
+    DeltaTable(store.uri("t")).create_checkpoint()  # at 20, far past 14
+    assert write(store, "t", rows(60, 1)).version == 21
+    assert len(ids_of(DeltaTable(store.uri("t")).to_pyarrow_table())) == 1 + 12 + 1 + 6 + 1
+
+
+def test_a_repeated_commit_of_the_same_files_is_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    schema, files = stage(store, "t", rows(0, 3))
+    assert store.commit("t", "append", schema, (), files).version == 1
+    with pytest.raises(Exception, match="already part of dataset"):
+        store.commit("t", "append", schema, (), files)
+    assert store.describe("t").rows == 3

@@ -39,7 +39,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import binding, delta_types, group_commit, staging
+from . import binding, delta_commit, delta_types, group_commit, staging
 from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
 from .group_commit import METADATA_KEY as METADATA_KEY
@@ -341,7 +341,7 @@ def commit(
                 commit_properties=CommitProperties(
                     custom_metadata={METADATA_KEY: meta}, app_transactions=txns
                 ),
-                post_commithook_properties=tables.commit_hooks,
+                post_commithook_properties=delta_commit.hooks(tables.commit_hooks),
             )
         except CommitFailedError as exc:
             replace_where_mod.discard(fs, rewrites)
@@ -358,6 +358,15 @@ def commit(
             replace_where_mod.discard(fs, rewrites)
             raise delta_error(name, exc) from exc
         version = _find_commit(tables, name, before, commit_id)
+        config = dict(table.metadata().configuration)
+        delta_commit.after_commit(
+            tables.uri(name),
+            tables.delta_options(),
+            config,
+            version,
+            tables.commit_hooks,
+            checkpoint=False,
+        )
         return CommitResult(version, meta["rows"], meta["bytes"], meta["files"], True)
     raise Conflict(
         f"the {mode} of dataset {name!r} conflicted with concurrent commits ({failure}); "

@@ -224,11 +224,11 @@ def hooks(given: PostCommitHookProperties | None) -> PostCommitHookProperties:
     return PostCommitHookProperties(create_checkpoint=checkpoint, cleanup_expired_logs=False)
 
 
-def checkpoint_due(tail: Tail, version: int) -> bool:
+def checkpoint_due(configuration: dict[str, str], version: int) -> bool:
     """Whether ``version`` is one deltalake writes a checkpoint at (every
     ``delta.checkpointInterval`` versions, 100 by default)."""
     try:
-        interval = max(1, int(tail.configuration.get("delta.checkpointInterval", "100")))
+        interval = max(1, int(configuration.get("delta.checkpointInterval", "100")))
     except ValueError:
         interval = 100
     return (version + 1) % interval == 0
@@ -237,7 +237,7 @@ def checkpoint_due(tail: Tail, version: int) -> bool:
 def after_commit(
     uri: str,
     storage_options: dict[str, str] | None,
-    tail: Tail,
+    configuration: dict[str, str],
     version: int,
     given: PostCommitHookProperties | None,
     *,
@@ -247,12 +247,12 @@ def after_commit(
     ``checkpoint``: deltalake already did inside its own commits) and clean up the expired
     log behind it as the hooks ``given`` and the table's ``delta.enableExpiredLogCleanup``
     say; on a worker thread, one table at a time. Returns the work's future (tests wait)."""
-    if not checkpoint_due(tail, version):
+    if not checkpoint_due(configuration, version):
         return None
     checkpoint = checkpoint and (given is None or bool(given.create_checkpoint))
     cleanup = given.cleanup_expired_logs if given is not None else None
     if cleanup is None:
-        cleanup = tail.configuration.get("delta.enableExpiredLogCleanup", "true").lower() == "true"
+        cleanup = configuration.get("delta.enableExpiredLogCleanup", "true").lower() == "true"
     if not (checkpoint or cleanup):
         return None
 

@@ -309,7 +309,7 @@ def _commit_batch(
             delta_commit.after_commit(
                 tables.uri(name),
                 tables.delta_options(),
-                tail,
+                tail.configuration,
                 version,
                 tables.commit_hooks,
                 checkpoint=True,
@@ -401,7 +401,7 @@ def _deltalake_commit(
     delta_commit.after_commit(
         tables.uri(name),
         tables.delta_options(),
-        tail,
+        tail.configuration,
         version,
         tables.commit_hooks,
         checkpoint=False,

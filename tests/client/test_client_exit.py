@@ -151,12 +151,17 @@ def test_a_dead_service_does_not_hold_up_the_exit(tmp_path: Any) -> None:
         print(f"exit with a dead service took {took:.2f} s (EXIT_GRACE {EXIT_GRACE} s)")
         assert took < EXIT_GRACE + 10.0  # never the 120 s idle timeout
     finally:
-        proc.kill()
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        _end(proc)
         svc.stop()
+
+
+def _end(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc`` if it still runs, reap it and close its pipes."""
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 SIGNALLED = """
@@ -194,11 +199,7 @@ def test_sighup_just_before_a_blocking_read_still_ends_the_process() -> None:
             except subprocess.TimeoutExpired:
                 stuck += 1
         finally:
-            proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+            _end(proc)
     assert stuck == 0, f"{stuck} of 1000 children outlived SIGHUP by 10 s"
 
 

@@ -4,7 +4,10 @@
 QUIC starts first; if it has not completed its handshake after ``tcp.race_delay`` (250 ms),
 TLS/TCP starts too, and the first connection whose Aqueduct handshake completes wins; the
 other attempt is cancelled (or closed, if it completed in the same instant). A QUIC attempt
-that fails outright (say the address does not resolve for UDP) starts TCP at once.
+that fails outright (say the address does not resolve for UDP) starts TCP at once. To a
+service on this machine (a loopback address, or one of the machine's own) there is no timer:
+no network in between can drop UDP, and a loaded machine's QUIC handshake may well take longer
+than the delay, so TCP starts only when QUIC fails (a port with nothing on UDP fails at once).
 
 The winner is remembered per service (host and port) for the life of the process: once TCP
 won, later connections (every Spark task of a job) go straight to TCP with no delay; once
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import ssl
 import tempfile
 import time
@@ -155,7 +160,9 @@ async def _race(
     tasks = [quic]
     winner: Connection | None = None
     try:
-        await asyncio.wait(tasks, timeout=config.tcp.race_delay)
+        # On this machine nothing between us blocks UDP: TCP only if QUIC fails outright.
+        delay = None if await _same_host(host, port) else config.tcp.race_delay
+        await asyncio.wait(tasks, timeout=delay)
         if not quic.done() or quic.exception() is not None:
             tasks.append(asyncio.ensure_future(_tcp(host, port, headers, tls, config, codecs)))
         pending = set(tasks)
@@ -180,6 +187,29 @@ async def _race(
         return winner
     finally:
         await _drop_losers(tasks, winner)
+
+
+async def _same_host(host: str, port: int) -> bool:
+    """Whether ``host`` is this machine: a loopback address, or one of its own (a UDP socket
+    connected to it takes it as its own address; connecting a UDP socket sends nothing)."""
+    try:
+        infos = [(0, ipaddress.ip_address(host.strip("[]")).exploded)]
+    except ValueError:
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        except OSError:
+            return False
+        infos = [(family, str(addr[0])) for family, _, _, _, addr in found]
+    for family, address in infos:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if ip.is_loopback:
+            return True
+        family = family or (socket.AF_INET6 if ip.version == 6 else socket.AF_INET)
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, port))
+            if ipaddress.ip_address(probe.getsockname()[0].split("%")[0]) == ip:
+                return True
+    return False
 
 
 async def _drop_losers(

@@ -585,8 +585,10 @@ def test_auto_falls_back_to_tcp_and_later_connections_pay_nothing(
     """UDP blackholed (a socket on the port that never answers) or refused (nothing bound:
     ICMP port unreachable): ``auto`` connects over TCP, paying the race delay (at most 1 s
     more than TCP alone) on the first connection, and later connections in the process make
-    no QUIC attempt at all. A dataset-style read over the connection succeeds."""
+    no QUIC attempt at all. A dataset-style read over the connection succeeds. The service
+    is on loopback, taken for another machine's (on this one, the race has no timer)."""
     monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
+    monkeypatch.setattr(dial, "_same_host", elsewhere)
 
     async def main() -> None:
         async with tcp_server() as server:
@@ -621,6 +623,39 @@ def test_auto_falls_back_to_tcp_and_later_connections_pay_nothing(
     run(main())
 
 
+async def elsewhere(host: str, port: int) -> bool:
+    """``dial._same_host`` for tests of the race on loopback: as if on another machine."""
+    return False
+
+
+def test_on_this_machine_quic_wins_and_tcp_is_never_tried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loopback, with no race delay at all: QUIC, however long its handshake takes on a loaded
+    machine, and no TCP attempt (which would write a connection's lines to a service's log).
+    Was: TCP started with the timer and won 2 of 4 ``aqueduct status`` runs under load."""
+    monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
+    config = TransportConfig(tcp=TcpSettings(race_delay=0.0))
+
+    async def main() -> None:
+        server = await serve(echo)
+        try:
+            for host in ("127.0.0.1", "localhost"):
+                for _ in range(3):
+                    dial.forget()
+                    conn = await connect(host, server.port, tls=server.client_tls(), config=config)
+                    assert conn.transport == "quic" and await rpc(conn) == 2
+                    await conn.close()
+            assert {c.transport for c in server.connections} <= {"quic"}
+            assert await dial._same_host("localhost", server.port)
+            assert not await dial._same_host("192.0.2.1", server.port)  # TEST-NET-1
+        finally:
+            await server.close()
+            dial.forget()
+
+    run(main())
+
+
 def test_auto_prefers_quic_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
     # A long race delay: QUIC must win however loaded the machine is.
@@ -646,9 +681,11 @@ def test_auto_prefers_quic_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_race_leaves_only_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no race delay both attempts run every time; whichever wins, the loser is
-    cancelled or closed: the server ends up with exactly one live connection per client."""
+    """With no race delay both attempts run every time (to a service taken for another
+    machine's); whichever wins, the loser is cancelled or closed: the server ends up with
+    exactly one live connection per client."""
     monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
+    monkeypatch.setattr(dial, "_same_host", elsewhere)
     config = TransportConfig(tcp=TcpSettings(race_delay=0.0))
 
     async def live(server: Server) -> list[Connection]:

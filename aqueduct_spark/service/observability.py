@@ -339,12 +339,20 @@ class Observer:
         return credit, transport
 
     def connection_opened(self, conn: Connection, user: str | None = None) -> None:
-        """``user``: the name of the token's grant (never the token); None: not known."""
+        """``user``: the name of the token's grant (never the token); None: not known. Its
+        log line waits for the connection's first request: a connection that makes none (the
+        losing side of a client's QUIC/TCP race, a probe) is logged at DEBUG only."""
         self._live[conn] = _Opened(user)
         self.metrics.connections_open.inc()
         self.metrics.connections.labels(conn.transport).inc()
-        fields = {"peer": peer_text(conn.peer), "user": user or "-", "transport": conn.transport}
-        log.info("connection opened", extra={"fields": fields})
+
+    def _log_opened(self, conn: Connection, opened: _Opened, level: int = logging.INFO) -> None:
+        fields = {
+            "peer": peer_text(conn.peer),
+            "user": opened.user or "-",
+            "transport": conn.transport,
+        }
+        log.log(level, "connection opened", extra={"fields": fields})
 
     def connection_closed(self, conn: Connection) -> None:
         opened = self._live.pop(conn, None)
@@ -360,7 +368,10 @@ class Observer:
             "duration_s": round(time.monotonic() - opened.at, 3),
             "credit_stalls": s.credit,
         }
-        log.info("connection closed", extra={"fields": fields})
+        level = logging.INFO if opened.requests else logging.DEBUG
+        if not opened.requests and log.isEnabledFor(level):
+            self._log_opened(conn, opened, level)
+        log.log(level, "connection closed", extra={"fields": fields})
 
     async def observe(
         self, req: Any, conn: Connection | None, serve: Callable[[], Awaitable[None]]
@@ -379,6 +390,8 @@ class Observer:
         )
         opened = self._live.get(conn) if conn is not None else None
         if opened is not None:
+            if not opened.requests and conn is not None:
+                self._log_opened(conn, opened)
             opened.requests += 1
             record.user = opened.user
         token = _current.set(record)

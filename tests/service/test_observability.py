@@ -196,6 +196,37 @@ def test_access_lines_carry_the_fields_and_outcome(
     assert TOKEN not in text and WRONG not in text  # neither the right token nor a wrong one
 
 
+def test_a_connection_without_requests_is_logged_at_debug_only(
+    observed: tuple[ServiceProcess, str, Path],
+) -> None:
+    """The losing side of a client's QUIC/TCP race connects and closes without a request:
+    at the default level it leaves nothing in the log (was: ``connection opened ...
+    transport=tcp`` and ``connection closed requests=0`` at INFO for every race loser)."""
+    import asyncio
+
+    from aqueduct_core import ClientTLS, connect
+
+    svc, _, log = observed
+
+    async def idle() -> None:
+        conn = await connect(
+            "127.0.0.1", svc.port, transport="tcp", tls=ClientTLS(fingerprint=svc.fingerprint)
+        )
+        await conn.close(0, "another transport won the race")
+
+    asyncio.run(idle())
+    closed = wait_for_line(log, "aqueduct.service", msg="connection closed", requests=0)
+    assert closed["level"] == "debug"
+    opened = wait_for_line(log, "aqueduct.service", msg="connection opened", peer=closed["peer"])
+    assert opened["level"] == "debug" and opened["transport"] == "tcp"
+    loud = [
+        x
+        for x in log_lines(log, "aqueduct.service")
+        if x["msg"].startswith("connection ") and x["level"] != "debug"
+    ]
+    assert all(x["msg"] == "connection opened" or x["requests"] > 0 for x in loud), loud
+
+
 def test_health_answers_and_unknown_paths_do_not(
     observed: tuple[ServiceProcess, str, Path],
 ) -> None:

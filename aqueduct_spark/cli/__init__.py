@@ -12,6 +12,7 @@ and the service.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -19,37 +20,37 @@ from collections.abc import Callable, Sequence
 
 from aqueduct_core.errors import AqueductError
 from aqueduct_spark.cli.arguments import build_parser
-from aqueduct_spark.cli.datasets import (
-    cmd_cat,
-    cmd_describe,
-    cmd_drop,
-    cmd_export,
-    cmd_head,
-    cmd_history,
-    cmd_import,
-    cmd_ls,
-)
-from aqueduct_spark.cli.maintenance import COMMANDS as MAINTENANCE_COMMANDS
-from aqueduct_spark.cli.serve import cmd_cert, cmd_serve
-from aqueduct_spark.cli.status import cmd_status
-from aqueduct_spark.service.startup import StartupError
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "serve": cmd_serve,
-    "cert": cmd_cert,
-    "ls": cmd_ls,
-    "describe": cmd_describe,
-    "head": cmd_head,
-    "cat": cmd_cat,
-    "history": cmd_history,
-    "drop": cmd_drop,
-    "import": cmd_import,
-    "export": cmd_export,
-    **MAINTENANCE_COMMANDS,
-    "status": cmd_status,
+COMMANDS: dict[str, str] = {
+    "serve": "serve:cmd_serve",
+    "cert": "serve:cmd_cert",
+    "ls": "datasets:cmd_ls",
+    "describe": "datasets:cmd_describe",
+    "head": "datasets:cmd_head",
+    "cat": "datasets:cmd_cat",
+    "history": "datasets:cmd_history",
+    "drop": "datasets:cmd_drop",
+    "import": "datasets:cmd_import",
+    "export": "datasets:cmd_export",
+    "compact": "maintenance:cmd_compact",
+    "vacuum": "maintenance:cmd_vacuum",
+    "restore": "maintenance:cmd_restore",
+    "delete": "maintenance:cmd_delete",
+    "status": "status:cmd_status",
 }
+"""Each command's function, as ``module:function`` in this package: a command imports what
+it needs when it runs, so ``--version``, ``--help`` and a usage error import neither the
+client (pyarrow, the protocol engine) nor the service (``python -X importtime``)."""
+
+
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    module, function = COMMANDS[name].split(":")
+    found: Callable[[argparse.Namespace], int] = getattr(
+        importlib.import_module(f"{__name__}.{module}"), function
+    )
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             serve = _subcommand(parser, "serve")
             serve.set_defaults(**load_config(args.config, serve))
             args = parser.parse_args(argv)
-        code = int(COMMANDS[args.command](args) or 0)
+        code = int(command(args.command)(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is seen below, not at exit
         return code
     except BrokenPipeError:
@@ -74,12 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout at /dev/null so that the interpreter's last flush does not complain.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except StartupError as exc:
-        print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
-        return 2
     except AqueductError as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)  # no class names
-        return 1
+        return 2 if _cannot_start(exc) else 1
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -88,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _cannot_start(exc: BaseException) -> bool:
+    """Whether ``exc`` is the service's StartupError (status 2); only a command that imported
+    the service can raise one."""
+    startup = sys.modules.get("aqueduct_spark.service.startup")
+    return startup is not None and isinstance(exc, startup.StartupError)
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

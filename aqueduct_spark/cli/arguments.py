@@ -4,30 +4,94 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import difflib
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from aqueduct_core.engine import EngineConfig
 from aqueduct_spark.cli import maintenance, staging
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
+ENGINE_DEFAULTS = {
+    "max_message_gap": 1 << 20,
+    "max_early_bytes": 16 * 1024 * 1024,
+    "max_pending_bytes": 256 * 1024 * 1024,
+    "max_channels": 10_000,
+    "max_pending_channels": 4096,
+    "handshake_timeout": 10.0,
+}
+"""The engine limits ``serve`` has flags for, as ``EngineConfig`` has them (a test keeps them
+equal): written here so that parsing a command line does not import the protocol engine."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """A usage error is one line that says where the options are, not the whole usage."""
+    """A usage error is one line that says where the options are, not the whole usage, and
+    names the closest option or choice to a misspelt one (as the Spark options do)."""
+
+    _argv: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        prog = self.prog
+        if message.startswith("unrecognized arguments: "):
+            command = self._command()  # the top parser reports what a command did not know
+            if command is not None:
+                prog = command.prog
+            options = [o for p in (self, command) if p for o in _option_strings(p)]
+            words = message.removeprefix("unrecognized arguments: ").split()
+            unknown = [w for w in words if w.startswith("-")] or words
+            message = "unrecognized arguments: " + " ".join(
+                w + _closest(w.split("=", 1)[0], options) for w in unknown
+            )
+        elif "invalid choice: " in message:
+            wrong = message.split("invalid choice: ", 1)[1].split(" (choose from ", 1)
+            if len(wrong) == 2:
+                choices = [c.strip(" '") for c in wrong[1].rstrip(")").split(",")]
+                message = message.replace(
+                    f"invalid choice: {wrong[0]}",
+                    f"invalid choice: {wrong[0]}{_closest(wrong[0].strip(chr(39)), choices)}",
+                )
+        self.exit(2, f"{prog}: {message} (see {prog} --help)\n")
+
+    def _command(self) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = next((a for a in self._argv if a in action.choices), None)
+                return None if chosen is None else action.choices[chosen]
+        return None
+
+
+def _option_strings(p: argparse.ArgumentParser) -> list[str]:
+    return [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+
+
+def _closest(word: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
 
 
 def _version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("aqueduct-spark")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """``--version``, which reads the package metadata only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"aqueduct {_version()} (Python {sys.version.split()[0]})")
+        parser.exit(0)
 
 
 def _json_option(p: argparse.ArgumentParser) -> None:
@@ -105,11 +169,7 @@ def _file_format_option(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aqueduct", description="Aqueduct dataset service and client commands.")
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"aqueduct {_version()} (Python {sys.version.split()[0]})",
-    )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     _talk_options(parser.add_mutually_exclusive_group())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -194,11 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
         "size it decompresses to) a write may send; a row above it cannot be written. "
         "Clients have their own limit (Spark option maxBatchBytes) (default %(default)s)",
     )
-    engine = EngineConfig()
     s.add_argument(
         "--max-message-gap",
         type=_positive,
-        default=engine.max_message_gap,
+        default=ENGINE_DEFAULTS["max_message_gap"],
         metavar="N",
         help="how far a peer's message number may run ahead of what was decided; beyond it "
         "the connection is closed (default %(default)s)",
@@ -206,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--handshake-timeout",
         type=_seconds,
-        default=engine.handshake_timeout,
+        default=ENGINE_DEFAULTS["handshake_timeout"],
         metavar="SECONDS",
         help="seconds a client has over TCP from its connect to finish TLS and send its "
         "SETTINGS, and on either transport after the handshake to send its connection "
@@ -215,14 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-early-bytes",
         type=_positive,
-        default=engine.max_early_bytes,
+        default=ENGINE_DEFAULTS["max_early_bytes"],
         metavar="BYTES",
         help="bytes a client may send before its connection headers (default %(default)s)",
     )
     s.add_argument(
         "--max-pending-bytes",
         type=_positive,
-        default=engine.max_pending_bytes,
+        default=ENGINE_DEFAULTS["max_pending_bytes"],
         metavar="BYTES",
         help="bytes one connection may hold in channels not attached yet and in unfinished "
         "messages no window covers (default %(default)s)",
@@ -230,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-channels",
         type=_positive,
-        default=engine.max_channels,
+        default=ENGINE_DEFAULTS["max_channels"],
         metavar="N",
         help="live channels on one connection; a client that opens more is disconnected "
         "(default %(default)s)",
@@ -238,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-pending-channels",
         type=_positive,
-        default=engine.max_pending_channels,
+        default=ENGINE_DEFAULTS["max_pending_channels"],
         metavar="N",
         help="channels a client may create that are not attached yet (default %(default)s)",
     )

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aqueduct_core.errors import AqueductError
-from aqueduct_spark.cli.datasets import _client
 
 
 class MaintenanceError(AqueductError):
@@ -106,6 +105,14 @@ def add_parsers(
         help="SQL condition on the columns, as for head --where, e.g. \"id < 100 AND s = 'x'\"",
     )
     client_options(d)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    """The commands' client (imported here: the parser imports this module, and ``aqueduct
+    --version`` must not wait for the client)."""
+    from aqueduct_spark.cli.datasets import _client as client
+
+    return client(args)
 
 
 def cmd_compact(args: argparse.Namespace) -> int:

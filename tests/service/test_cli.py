@@ -68,6 +68,56 @@ def test_cat_into_head_exits_cleanly(service: ServiceProcess) -> None:
         assert first in ('{"id": 0}', "pyarrow.Table")
 
 
+def test_a_misspelt_option_or_choice_names_the_closest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Was: ``aqueduct: unrecognized arguments: --colums`` and nothing else."""
+    from aqueduct_spark import cli
+
+    for argv, expected in [
+        (
+            ["cat", "trips", "--colums", "id"],
+            "aqueduct cat: unrecognized arguments: --colums (did you mean --columns?) "
+            "(see aqueduct cat --help)",
+        ),
+        (["lss"], "invalid choice: 'lss' (did you mean ls?)"),
+        (["cat", "trips", "--format", "tabel"], "invalid choice: 'tabel' (did you mean table?)"),
+        (["export", "t", "f.csv", "--forse"], "--forse (did you mean --force?)"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 2
+        assert expected in capsys.readouterr().err
+
+
+def test_the_command_line_imports_only_what_a_command_needs() -> None:
+    """``--version``, ``--help`` and usage errors import neither the client (pyarrow, the
+    engine, asyncio, tqdm) nor the service: they cost 2 s of imports on a loaded machine
+    (``python -X importtime``), about 0.4 s now."""
+    code = (
+        "import sys\n"
+        "from aqueduct_spark import cli\n"
+        "for argv in (['--version'], ['--help'], ['serve', '--help'], ['cat']):\n"
+        "    try:\n"
+        "        cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('pyarrow', 'numpy', 'asyncio', 'tqdm', 'deltalake', 'aqueduct_core.engine',\n"
+        "         'aqueduct_spark.client', 'aqueduct_spark.service')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stderr.splitlines()[-1] == "[]", done.stderr[-2000:]
+
+
+def test_serve_flag_defaults_are_the_engines() -> None:
+    from aqueduct_core.engine import EngineConfig
+    from aqueduct_spark.cli.arguments import ENGINE_DEFAULTS
+
+    engine = EngineConfig()
+    assert {k: getattr(engine, k) for k in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
+
+
 def test_quiet_shows_no_progress_bar(service: ServiceProcess, tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "in.parquet")
     loud = shell(f"aqueduct import loud {tmp_path / 'in.parquet'}", service)

@@ -333,9 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     cat.add_argument("dataset")
     cat.add_argument(
         "--format",
-        choices=["table", "csv", "json"],
-        default="table",
-        help="output format (default %(default)s)",
+        choices=["auto", "table", "csv", "json"],
+        default="auto",
+        help="table (aligned, for reading), csv (one header line) or json (an object a "
+        "line); default auto: table on a terminal, csv into a pipe or file",
     )
     _read_options(cat)
     _client_options(cat)

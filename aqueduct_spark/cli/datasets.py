@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
+from aqueduct_spark.cli.output import rows_writer
 from aqueduct_spark.client import Client, DatasetInfo
 
 
@@ -104,36 +103,45 @@ def _read_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _plan_batches(
+    client: Client, plan: Any, read: dict[str, Any]
+) -> Generator[pa.RecordBatch, None, None]:
+    """The batches of ``plan``'s splits in order, one task (a scan of its splits) at a time."""
+    for splits in plan.task_splits():
+        yield from client.scan(
+            splits[0] if len(splits) == 1 else splits,
+            schema=plan.schema,
+            columns=read["columns"],
+            filter=read["filter"],
+        )
+
+
 def cmd_head(args: argparse.Namespace) -> int:
-    batches = []
-    taken = 0
-    for batch in _client(args).read_batches(args.dataset, **_read_args(args)):
-        batches.append(batch.slice(0, args.rows - taken))
-        taken += batches[-1].num_rows
-        if taken >= args.rows:
+    client = _client(args)
+    read = _read_args(args)
+    plan = client.plan(args.dataset, **read)
+    out = rows_writer("table", plan.schema)
+    left = args.rows
+    batches = _plan_batches(client, plan, read)
+    for batch in batches:
+        if left <= 0:
             break
-    if not batches:
-        print("(no rows)")
-        return 0
-    print(
-        pa.Table.from_batches(batches).to_pandas().to_string()
-        if _has_pandas()
-        else pa.Table.from_batches(batches)
-    )
+        out.write(batch.slice(0, left))
+        left -= min(left, batch.num_rows)
+    batches.close()  # the scan still running ends here
+    out.close()
     return 0
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    import pyarrow.csv as pcsv
-
-    for batch in _client(args).read_batches(args.dataset, **_read_args(args)):
-        if args.format == "csv":
-            pcsv.write_csv(pa.Table.from_batches([batch]), sys.stdout.buffer)
-        elif args.format == "json":
-            for row in batch.to_pylist():
-                print(json.dumps(row, default=str))
-        else:
-            print(pa.Table.from_batches([batch]))
+    """Every row, streamed: a table on a terminal, CSV into a pipe (``--format``)."""
+    client = _client(args)
+    read = _read_args(args)
+    plan = client.plan(args.dataset, **read)
+    out = rows_writer(args.format, plan.schema)
+    for batch in _plan_batches(client, plan, read):
+        out.write(batch)
+    out.close()
     return 0
 
 
@@ -268,13 +276,10 @@ def _export_to(
     written = 0
     with _progress(args, total=plan.rows, desc=f"export {args.dataset}") as bar:
         try:
-            for split in plan.splits:
-                for batch in client.scan(
-                    split, schema=plan.schema, columns=read["columns"], filter=read["filter"]
-                ):
-                    writer.write_batch(batch)
-                    written += batch.num_rows
-                    bar.update(batch.num_rows)
+            for batch in _plan_batches(client, plan, read):
+                writer.write_batch(batch)
+                written += batch.num_rows
+                bar.update(batch.num_rows)
         finally:
             writer.close()
     return written
@@ -287,7 +292,3 @@ def _size(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{n} B"
-
-
-def _has_pandas() -> bool:
-    return importlib.util.find_spec("pandas") is not None

@@ -65,7 +65,48 @@ def test_cat_into_head_exits_cleanly(service: ServiceProcess) -> None:
         first, status = done.stdout.splitlines()
         assert status == "status 0 0", (fmt, done.stderr)
         assert done.stderr == "", fmt  # no BrokenPipeError, no "Exception ignored"
-        assert first in ('{"id": 0}', "pyarrow.Table")
+        assert first.strip() == {"table": "id", "json": '{"id": 0}'}[fmt]
+
+
+def test_cat_prints_rows_csv_into_a_pipe_and_a_table_on_a_terminal(
+    service: ServiceProcess,
+) -> None:
+    """Was: ``pyarrow.Table`` and the schema, and for 5,000 rows ten of them around ``...``;
+    ``aqueduct cat t | head -3`` showed only the schema."""
+    import datetime as dt
+
+    n = 5000
+    service.client().overwrite(
+        "cat_rows",
+        pa.table(
+            {
+                "id": pa.array(range(n), pa.int64()),
+                "city": [("Oslo", None, "Bergen, Vestland")[i % 3] for i in range(n)],
+                "ts": pa.array(
+                    [dt.datetime(2026, 1, 1) + dt.timedelta(hours=i) for i in range(n)],
+                    pa.timestamp("us"),
+                ),
+            }
+        ),
+    )
+    piped = shell("aqueduct cat cat_rows | head -3; aqueduct cat cat_rows | wc -l", service)
+    assert piped.stdout.splitlines() == [
+        '"id","city","ts"',
+        '0,"Oslo",2026-01-01 00:00:00.000000',
+        "1,,2026-01-01 01:00:00.000000",
+        str(n + 1),  # one header line, then every row
+    ], piped.stderr
+    # A terminal: `script` runs the command on a pseudo-terminal, as a person's shell does.
+    tty = shell(f"script -qec '{AQUEDUCT} cat cat_rows --columns id,city' /dev/null", service)
+    lines = tty.stdout.replace("\r\n", "\n").splitlines()
+    assert lines[:5] == [
+        "  id | city",
+        "-----+-----------------",
+        "   0 | Oslo",
+        "   1 | NULL",
+        "   2 | Bergen, Vestland",
+    ], tty.stdout[:500]
+    assert lines[-1] == "(5,000 rows)" and len(lines) == n + 3
 
 
 def test_a_misspelt_option_or_choice_names_the_closest(

@@ -359,6 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _file_format_option(imp)
     imp.add_argument(
+        "--schema",
+        metavar="COLUMN:TYPE,...",
+        help="types of CSV columns, e.g. 'id:bigint,ts:timestamp,price:decimal(10,2)'; the "
+        "others are inferred from every value of the files",
+    )
+    imp.add_argument(
+        "--allow-strings",
+        action="store_true",
+        help="import a CSV column as text when some of its values are not numbers, times or "
+        "booleans although most are (without it, the import fails at the first such value)",
+    )
+    imp.add_argument(
         "--partition-by",
         action="append",
         default=[],

@@ -7,13 +7,11 @@ import argparse
 import datetime as dt
 import json
 import os
-from collections.abc import Callable, Generator, Iterator
-from functools import partial
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from tqdm import tqdm
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_spark.cli.output import rows_writer
@@ -60,8 +58,12 @@ def _described(d: DatasetInfo) -> dict[str, Any]:
     }
 
 
-def _progress(args: argparse.Namespace, **kw: Any) -> tqdm[Any]:
-    return tqdm(unit="rows", unit_scale=True, disable=getattr(args, "quiet", False), **kw)
+def _progress(args: argparse.Namespace, **kw: Any) -> Any:
+    """A tqdm progress bar on stderr (none with -q), imported only where one is shown."""
+    from tqdm import tqdm
+
+    kw.setdefault("unit", "rows")
+    return tqdm(unit_scale=True, disable=getattr(args, "quiet", False), **kw)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -204,29 +206,61 @@ def _format_of(path: str, given: str) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
+    from aqueduct_spark.cli import csv_import as ci
+
     client = _client(args)
-    sources: list[tuple[pa.Schema, int | None, Callable[[], Iterator[pa.RecordBatch]]]] = []
-    for path in args.files:
-        fmt = _format_of(path, args.format)
-        if fmt == "parquet":
-            pf = pq.ParquetFile(path)
-            sources.append((pf.schema_arrow, pf.metadata.num_rows, partial(pf.iter_batches, 65536)))
-        else:
-            delimiter = "\t" if path.lower().endswith(".tsv") else ","
-            reader = pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter))
-            sources.append((reader.schema, None, partial(iter, reader)))
-    schema = sources[0][0]
-    known = [n for _, n, _ in sources if n is not None]
-    total = sum(known) if len(known) == len(sources) else None
+    given = ci.parse_schema(args.schema) if args.schema else {}
+    formats = [(path, _format_of(path, args.format)) for path in args.files]
+    csvs = {p: ci.CsvFile(p, ci.delimiter_of(p)) for p, fmt in formats if fmt == "csv"}
+    parquets = {p: pq.ParquetFile(p) for p, fmt in formats if fmt == "parquet"}
+    _check_given(given, [*csvs.values()])
+    dataset = _dataset_schema(client, args.dataset)
+    known = {f.name: f.type for f in dataset or ()}  # the dataset's types, or the first file's
+    origin = (
+        f"the column's type in dataset {args.dataset!r}",
+        "correct the value, or import into a dataset whose column is of another type",
+    )
+    if dataset is None and formats[0][1] == "parquet":
+        known = {f.name: f.type for f in parquets[formats[0][0]].schema_arrow}
+        origin = (
+            f"its type in {formats[0][0]}",
+            "correct the value (the first file's types are the dataset's)",
+        )
+    origins = dict.fromkeys(known, origin)
+    known.update(given)
+    origins.update(dict.fromkeys(given, ("as --schema says", "correct the value or --schema")))
+    for f in csvs.values():
+        f.origins = origins
+    rows: int | None = sum(pf.metadata.num_rows for pf in parquets.values())
+    types = dict(known)
+    if any(n not in known for f in csvs.values() for n in f.names):  # types from every value
+        with _progress(args, unit="B", desc="reading types", total=ci.file_size([*csvs])) as bar:
+            inferred = ci.infer(
+                [*csvs.values()], known, allow_strings=args.allow_strings, progress=bar.update
+            )
+        types, rows = inferred.types, (rows or 0) + inferred.rows
+    elif csvs:
+        rows = None  # a CSV file's rows are known once read
+
+    def schema_of(path: str) -> pa.Schema:
+        if path in parquets:
+            return parquets[path].schema_arrow
+        return pa.schema([(n, types[n]) for n in csvs[path].names])
+
+    def source(path: str) -> Iterator[pa.RecordBatch]:
+        if path in parquets:
+            return iter(parquets[path].iter_batches(65536))
+        return ci.batches(csvs[path], schema_of(path))
+
+    schema = dataset if dataset is not None else schema_of(formats[0][0])
     txn = client.begin(args.dataset, schema, mode=args.mode, partition_by=args.partition_by)
-    with _progress(args, total=total, desc=f"import {args.dataset}") as bar:
+    with _progress(args, total=rows, desc=f"import {args.dataset}") as bar:
 
         def batches() -> Any:
-            for _, _, make in sources:
-                for batch in make():
+            for path, _ in formats:
+                for batch in source(path):
                     bar.update(batch.num_rows)
                     yield batch
 
@@ -238,6 +272,31 @@ def cmd_import(args: argparse.Namespace) -> int:
     result = client.commit(txn, [staged])
     print(f"{args.dataset}: version {result['version']}, +{result['rows']:,} rows")
     return 0
+
+
+def _dataset_schema(client: Client, name: str) -> pa.Schema | None:
+    """The dataset's schema, or None where it does not exist yet."""
+    from aqueduct_spark import protocol as P
+
+    try:
+        return client.describe(name).schema
+    except P.DatasetNotFound:
+        return None
+
+
+def _check_given(given: dict[str, Any], files: list[Any]) -> None:
+    """Every ``--schema`` column is a column of the CSV files."""
+    import difflib
+
+    names = list(dict.fromkeys(n for f in files for n in f.names))
+    for name in given:
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(
+                f"--schema names {name!r}, which is no column of the CSV files{hint}; "
+                f"their columns are {', '.join(names)}"
+            )
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -299,6 +299,7 @@ NON_CLASS_SECTIONS = {
     "Java is missing": "",
     "UDP blocked": "",
     "Certificate mismatch": "",
+    "aqueduct import stops at a line of a CSV file": "",
 }
 """Troubleshooting sections that are not classes of ours; "spark": a Spark error condition."""
 

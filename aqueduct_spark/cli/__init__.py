@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except AqueductError as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)  # no class names
-        return 2 if _cannot_start(exc) else 1
+        return 2 if isinstance(exc, ValueError) else 1  # bad input: a setting, a file's data
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"aqueduct {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -86,13 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-def _cannot_start(exc: BaseException) -> bool:
-    """Whether ``exc`` is the service's StartupError (status 2); only a command that imported
-    the service can raise one."""
-    startup = sys.modules.get("aqueduct_spark.service.startup")
-    return startup is not None and isinstance(exc, startup.StartupError)
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -36,12 +36,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from aqueduct_core.errors import AqueductError
+
 CHUNK_BYTES = 16 << 20
 """Bytes of CSV parsed at once (whole lines; a longer line makes its chunk longer)."""
 
 
-class CsvError(ValueError):
-    """A CSV file cannot be imported as it is: the message names the place and the fix."""
+class CsvError(AqueductError, ValueError):
+    """A CSV file cannot be imported as it is: the message names the file, the line, the
+    column and the value, and the fix (``aqueduct import`` exits with status 2)."""
+
+    remedy = "correct the file where the message says, or give the column's type with --schema"
 
 
 def delimiter_of(path: str) -> str:
@@ -88,8 +93,8 @@ def parse_schema(text: str) -> dict[str, pa.DataType]:
             near = difflib.get_close_matches(kind, list(_TYPE_NAMES), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise CsvError(
-                f"--schema: unknown type {kind!r} for column {name!r}{hint}; the types are "
-                f"{', '.join(sorted(set(_TYPE_NAMES)))} and decimal(P,S)"
+                f"--schema: unknown type {kind!r} for column {name!r}{hint}; use one of "
+                f"{', '.join(sorted(set(_TYPE_NAMES)))} or decimal(P,S)"
             )
     return types
 

@@ -42,6 +42,8 @@ class AlpnRefused(ssl.SSLError):
     """The client did not offer ALPN ``aqueduct-tcp`` (server) or the server did not select
     it (client)."""
 
+    remedy = "check that the address is an Aqueduct service's (aqueduct serve) and not another TLS server's"
+
 
 def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
     """TLS 1.3 only, ALPN ``aqueduct-tcp``; verification as on QUIC (CA file, pin or none).
@@ -117,12 +119,17 @@ class TlsStream:
             if self.obj.selected_alpn_protocol() != ALPN:
                 self._out.read()  # the ServerHello never leaves
                 self._alert = ALERT_NO_APPLICATION_PROTOCOL
-                raise AlpnRefused(f"the client did not offer ALPN {ALPN!r}")
+                raise AlpnRefused(
+                    f"the client did not offer ALPN {ALPN!r}: use an Aqueduct client over TCP"
+                )
         if done:
             got = self.obj.selected_alpn_protocol()
             if got != ALPN:  # a client whose server chose nothing (or a changed 2nd hello)
                 self.close()
-                raise AlpnRefused(f"ALPN {ALPN!r} was not negotiated (got {got!r})")
+                raise AlpnRefused(
+                    f"ALPN {ALPN!r} was not negotiated (got {got!r}): check that the address "
+                    "is an Aqueduct service's (aqueduct serve), not another TLS server's"
+                )
             self.established = True
         return done
 

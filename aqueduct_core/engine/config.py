@@ -58,6 +58,16 @@ class EngineConfig:
     flow_window: int | None = DEFAULT_WINDOW
     """Per-channel receive window we advertise (bytes); None: do not take part in flow
     control (the peer then gets unlimited credit and never sees DEQUEUED)."""
+    entry_window: int | None = None
+    """A server's receive window on the entrypoint channel (bytes), if smaller than
+    ``flow_window``: how much a client may send ahead of the server's application taking its
+    messages (profile §4, flow control item 9). A server that reads a request only when it
+    can serve it thus holds at most this much of one client's backlog, however many requests
+    the client fires at once: the rest waits in the client. A client that sends beyond it is
+    disconnected (code 3). None: the entrypoint has ``flow_window`` like any channel."""
+    entry_window_setting: str = "EngineConfig.entry_window"
+    """What the close reason calls the setting behind ``entry_window``, so that whoever
+    reads it knows what to raise (``aqueduct serve`` says ``--request-window``)."""
     dequeued_delay: float = 0.02
     """Unreported dequeued bytes below half the window are reported after this delay."""
     version: bytes = DEFAULT_VERSION

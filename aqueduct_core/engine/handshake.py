@@ -15,7 +15,12 @@ from aqueduct_core.engine.channels import ChannelTables
 from aqueduct_core.engine.config import EngineConfig
 from aqueduct_core.engine.endpoint import Endpoint
 from aqueduct_core.engine.events import HeadersReceived
-from aqueduct_core.engine.flow import FLOW_HEADER, encode_window, parse_window
+from aqueduct_core.engine.flow import (
+    ENTRY_WINDOW_HEADER,
+    FLOW_HEADER,
+    encode_window,
+    parse_window,
+)
 from aqueduct_core.engine.receiver import ReceiverSM
 from aqueduct_core.errors import CloseCode, RemoteProtocolError
 from aqueduct_core.wire.chanid import ENTRYPOINT, Side
@@ -142,7 +147,11 @@ class Handshake(ChannelTables):
         window = self.config.flow_window
         if window is None:
             return headers
-        return (*headers, (FLOW_HEADER, encode_window(window)))
+        headers = (*headers, (FLOW_HEADER, encode_window(window)))
+        entry = self.config.entry_window
+        if self.side is Side.SERVER and entry is not None and entry < window:
+            headers = (*headers, (ENTRY_WINDOW_HEADER, encode_window(entry)))
+        return headers
 
     def _on_version(self, frame: Version) -> None:
         if frame.version != self.config.version:
@@ -171,6 +180,10 @@ class Handshake(ChannelTables):
         if peer_window is not None and self.config.flow_window is not None:
             self.peer_window = peer_window
             self.own_window = self.config.flow_window
+            entry = parse_window(frame.headers, ENTRY_WINDOW_HEADER)
+            sender = self.senders.get(ENTRYPOINT)
+            if entry is not None and self.side is Side.CLIENT and sender is not None:
+                sender.window_cap = entry  # the server's requests ahead: our credit
         else:
             self.peer_window = None
         if self.side is Side.SERVER:
@@ -183,7 +196,10 @@ class Handshake(ChannelTables):
                         f"connection refused by the server: {exc}", CloseCode.INTERNAL
                     ) from exc
             self._own_headers = self._with_flow(own)
-            self.receivers[ENTRYPOINT] = ReceiverSM(self, ENTRYPOINT, False)
+            rm = self.receivers[ENTRYPOINT] = ReceiverSM(self, ENTRYPOINT, False)
+            cap = self.config.entry_window
+            if self.own_window is not None and cap is not None and cap < self.own_window:
+                rm.window_cap = cap
             self.endpoints[ENTRYPOINT] = Endpoint(ENTRYPOINT, False, True, held=True)
         self._events.append(HeadersReceived(frame.headers))
 

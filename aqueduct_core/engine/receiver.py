@@ -139,6 +139,9 @@ class ReceiverSM:
         self.in_flight = 0
         self.unreported = 0
         self.deq_armed = False
+        self.window_cap: int | None = None
+        """A window smaller than the connection's for this channel: the entrypoint's on a
+        server that grants one (``EngineConfig.entry_window``)."""
 
     # -- the state table ---------------------------------------------------------------
 
@@ -248,17 +251,34 @@ class ReceiverSM:
         """Add a message costing ``cost`` (``already`` of it charged before) to the bytes in
         flight; beyond the window a violation, unless it is the only message (the progress
         rule, §3.4 item 3)."""
-        window = self.conn.own_window
+        window = self._window()
         if window is None:
             return
         self.in_flight += cost - already
         if self.in_flight > window and self.in_flight != cost:
+            if window == self.window_cap:
+                setting = self.conn.config.entry_window_setting
+                raise RemoteProtocolError(
+                    f"the client sent more requests ahead than the server's entrypoint window "
+                    f"allows ({self.in_flight} > {window} bytes; {setting}); a client that "
+                    "honours the window (the aqueduct-entry-window header) waits instead: "
+                    f"upgrade the client's Aqueduct library, or raise {setting}",
+                    CloseCode.LIMIT_VIOLATION,
+                )
             what = "an unfinished message" if unfinished else "a message"
             raise RemoteProtocolError(
                 f"sender exceeded the flow-control window with {what} "
                 f"({self.in_flight} > {window})",
                 CloseCode.LIMIT_VIOLATION,
             )
+
+    def _window(self) -> int | None:
+        """The bytes this channel may hold (None: no flow control)."""
+        window = self.conn.own_window
+        cap = self.window_cap
+        if window is None or cap is None:
+            return window
+        return min(window, cap)
 
     def release(self, cost: int) -> None:
         """An unfinished message charged by :meth:`reserve` was dropped (its stream reset)."""
@@ -367,7 +387,7 @@ class ReceiverSM:
 
     def dequeued(self, cost: int) -> None:
         """The application took ``cost`` bytes (or they were evicted): report them."""
-        window = self.conn.own_window
+        window = self._window()
         if window is None or not self.alive:
             return
         self.unreported += cost

@@ -133,6 +133,9 @@ class SenderSM:
         self.msg_streams: dict[int, int] = {}
         """Reliable message number -> its own stream, until acked (reset on cancel)."""
         self.outstanding = 0
+        self.window_cap: int | None = None
+        """Credit smaller than the peer's per-channel window: the entrypoint's, when the
+        server grants it less (``aqueduct-entry-window``, profile §4)."""
         self.stalled = False
         """A message waits for the peer's credit (counted once per wait, :class:`~.output.FlowStalls`)."""
 
@@ -185,6 +188,8 @@ class SenderSM:
         if not conn.can_send_data:
             return
         window = conn.peer_window
+        if window is not None and self.window_cap is not None:
+            window = min(window, self.window_cap)
         queue = self.queue
         while queue and self.state is SendState.OPEN:
             if not conn.transport_ready():

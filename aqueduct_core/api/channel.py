@@ -105,6 +105,8 @@ class ChannelHost(Protocol):
     def _send(self, handle: _SendEnd, value: Any, headers: Headers) -> None: ...
     def _recv(self, handle: Receiver[Any]) -> Delivery[Any]: ...
     async def _wait(self, chanid: int) -> None: ...
+    async def _wait_room(self, chanid: int, first: bool) -> None: ...
+    def _wake_room(self, chanid: int) -> None: ...
     async def _wait_terminal(self, chanid: int) -> Terminal | None: ...
 
 
@@ -340,17 +342,28 @@ class Sender(_SendEnd):
         self._send_now(value, headers)
 
     async def send(self, value: Any, *, headers: Any = ()) -> None:
-        """Send ``value``; waits while the bounded queue is full (back pressure)."""
-        while True:
-            try:
-                self.send_nowait(value, headers=headers)
-                return
-            except WouldBlock:
-                await self._wait()
+        """Send ``value``; waits while the bounded queue is full (back pressure). Tasks
+        waiting to send on one channel take the freed room in turn, first come, first
+        served: each freed slot wakes one of them, who hands the turn on once it sent."""
+        turn = False
+        try:
+            while True:
+                try:
+                    self.send_nowait(value, headers=headers)
+                    return
+                except WouldBlock:
+                    first, turn = turn, False  # full again: no room to hand on
+                    await self._wait(first)
+                    turn = self._conn is not None
+        finally:
+            if turn and self._conn is not None:
+                # Woken for room: whether we sent, failed or were cancelled, the next one
+                # in line tries now (if the queue is full again, it waits again, first).
+                self._conn._wake_room(self._chanid)
 
-    async def _wait(self) -> None:
+    async def _wait(self, first: bool = False) -> None:
         if self._conn is not None:
-            await self._conn._wait(self._chanid)
+            await self._conn._wait_room(self._chanid, first)
         elif self._pair is not None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._pair.waiters.append(fut)

@@ -429,3 +429,70 @@ def test_both_sides_use_the_negotiated_codec(transport: str) -> None:
             await server.close()
 
         asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_tasks_waiting_to_send_on_one_channel_take_turns_in_order() -> None:
+    """Issue 26: a client firing thousands of requests at once (``asyncio.gather``) had them
+    all waiting for room on its entrypoint, and every freed slot woke every one of them to
+    retry: work quadratic in the backlog. Now each freed slot wakes one waiter, first come,
+    first served, and it hands the turn on: a few tries per message, in order."""
+    n = 2000
+    tries = 0
+
+    async def main() -> list[int]:
+        async with memory_pair(config=EngineConfig(flow_window=4096)) as pair:
+            tx, rx = channel()
+            await pair.client.entrypoint.send({"in": rx})
+            inbox = (await pair.entrypoint_receiver.recv())["in"]
+            tx.ordered(maxsize=4)
+            send_nowait = tx.send_nowait
+
+            def counted(value: Any, *, headers: Any = ()) -> None:
+                nonlocal tries
+                tries += 1
+                send_nowait(value, headers=headers)
+
+            tx.send_nowait = counted  # type: ignore[method-assign]
+            senders = [asyncio.ensure_future(tx.send(i)) for i in range(n)]
+            got = [await inbox.recv() for _ in range(n)]
+            await asyncio.gather(*senders)
+            tx.finish()
+            return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 60)) == list(range(n))
+    assert tries < 3 * n, f"{tries} tries to send {n} messages"
+
+
+def test_a_task_woken_to_send_and_cancelled_hands_its_turn_on() -> None:
+    """The turn of a waiter cancelled just after it was woken is not lost: the next waiter
+    sends, without waiting for another slot to free (which might never come)."""
+
+    async def main() -> list[object]:
+        # A one-byte window: one message on the wire at a time, one more queued.
+        async with memory_pair(config=EngineConfig(flow_window=1)) as pair:
+            tx, rx = channel()
+            await pair.client.entrypoint.send({"in": rx})
+            inbox = (await pair.entrypoint_receiver.recv())["in"]
+            tx.ordered(maxsize=1)
+            tx.send_nowait(0)  # on the wire
+            tx.send_nowait(1)  # queued
+            with pytest.raises(WouldBlock):
+                tx.send_nowait(2)
+            first = asyncio.ensure_future(tx.send("cancelled"))
+            second = asyncio.ensure_future(tx.send("second"))
+            await asyncio.sleep(0.01)
+            assert not first.done() and not second.done()
+            wake_room = pair.client._wake_room
+
+            def wake_then_cancel(chanid: int, every: bool = False) -> None:
+                wake_room(chanid, every)
+                first.cancel()  # woken, and cancelled before it ran
+
+            pair.client._wake_room = wake_then_cancel  # type: ignore[method-assign]
+            got = [await inbox.recv() for _ in range(3)]
+            await asyncio.wait_for(second, 5)
+            assert first.cancelled()
+            tx.finish()
+            return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 20)) == [0, 1, "second"]

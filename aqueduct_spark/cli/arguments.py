@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from aqueduct_spark.cli import maintenance, staging
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
+from aqueduct_spark.service.admission import REQUEST_WINDOW
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
 ENGINE_DEFAULTS = {
@@ -236,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         metavar="N",
         help="requests of one connection served at once; more wait (default %(default)s)",
+    )
+    s.add_argument(
+        "--request-window",
+        type=_positive,
+        default=REQUEST_WINDOW,
+        metavar="BYTES",
+        help="bytes of requests one connection may send ahead of those being served (about "
+        "60 small ones); more wait in the client, and a client that sends more anyway is "
+        "disconnected (default %(default)s)",
     )
     s.add_argument(
         "--max-scans",

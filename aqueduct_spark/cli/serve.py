@@ -140,6 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "transport": args.transport,
         "max_requests": args.max_requests,
         "max_scans": args.max_scans,
+        "request_window": args.request_window,
         "max_batch_bytes": args.max_batch_bytes,
         "engine": {
             "handshake_timeout": args.handshake_timeout,
@@ -324,6 +325,7 @@ async def _serve_forever(
         storage_options=spec["storage_options"],
         max_requests=spec["max_requests"],
         max_scans=spec["max_scans"],
+        request_window=spec["request_window"],
         max_batch_bytes=spec["max_batch_bytes"],
         maintenance=spec["maintenance"],
         staging=spec["staging"],

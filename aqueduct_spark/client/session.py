@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from aqueduct_core.api import Connection, oneshot
-from aqueduct_core.errors import AqueductError
+from aqueduct_core.errors import AqueductError, WouldBlock
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.connecting import open_connection
@@ -238,12 +238,27 @@ class Session:
     async def _call_once(self, op: str, fields: dict[str, Any]) -> Any:
         conn = await self._connection()
         reply, answer = oneshot()
-        await conn.entrypoint.send({"op": op, **fields, "reply": reply})
+        timeout = self.config.timeout
+        request = {"op": op, **fields, "reply": reply}
+        started = time.monotonic()
         try:
-            result = await self._nudged(conn, answer, self.config.timeout)
+            conn.entrypoint.send_nowait(request)
+        except WouldBlock:
+            # The service lets a connection send only so many requests ahead of those it
+            # serves (--request-window): the wait for room counts in the timeout too.
+            try:
+                await asyncio.wait_for(conn.entrypoint.send(request), timeout)
+            except TimeoutError:
+                raise P.Unavailable(
+                    f"{op!r} could not be sent within {timeout} s: the service is still busy "
+                    "with this connection's earlier requests"
+                ) from None
+        try:
+            left = max(0.0, timeout - (time.monotonic() - started))
+            result = await self._nudged(conn, answer, left)
         except TimeoutError:
             answer.close()
-            raise P.Unavailable(f"no answer to {op!r} within {self.config.timeout} s") from None
+            raise P.Unavailable(f"no answer to {op!r} within {timeout} s") from None
         return P.unwrap(result)
 
     async def call(self, op: str, *, idempotent: bool = True, **fields: Any) -> Any:

@@ -5,9 +5,12 @@ Three mechanisms, each answering one way a client could take more than its share
 
 - **Requests in flight** (:class:`Session`, ``max_requests`` per connection). The service
   reads a connection's next request only while fewer than ``max_requests`` of its requests
-  are being served. Beyond that the requests wait unread in the connection, and Aqueduct's
-  flow control on the entrypoint channel stops the client from sending more: a burst of
-  requests is queued, not refused, and costs the service no work until it is read.
+  are being served. Beyond that the requests wait unread, and the entrypoint's flow-control
+  window (``request_window`` bytes, much less than other channels get) stops the client from
+  sending more: a burst of requests is queued in the client, not refused, and the service
+  holds (and has parsed) at most ``request_window`` bytes of it. Nothing of a queued request
+  is decoded, logged or counted until it is read; a client killed mid-burst leaves at most
+  ``max_requests`` running and that window queued.
 - **Open scans** (``max_scans`` per connection). A scan holds buffers in the service until
   its reader takes the batches (``docs/operations.md``, memory bounds), so a client that
   opens scans and never reads them would pin memory without end. A scan beyond the limit is
@@ -39,6 +42,10 @@ T = TypeVar("T")
 
 DEFAULT_THREADS = min(32, (os.cpu_count() or 1) + 4)
 """Worker threads of the service (``ThreadPoolExecutor``'s own default)."""
+REQUEST_WINDOW = 256 * 1024
+"""Bytes of requests a connection may send ahead of those being served (``--request-window``):
+about 60 small requests (each costs its size plus 4 KiB for the reply channel it carries,
+profile §4), or 15-25 scans or writes with their schemas."""
 
 
 class FairPool:

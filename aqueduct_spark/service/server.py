@@ -36,7 +36,7 @@ from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
-from aqueduct_spark.service.admission import DEFAULT_THREADS, FairPool, Session
+from aqueduct_spark.service.admission import DEFAULT_THREADS, REQUEST_WINDOW, FairPool, Session
 from aqueduct_spark.service.batch_limits import payloads_for_reader, reader_limit, stage_batch
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
@@ -84,6 +84,11 @@ class ServiceConfig:
     max_scans: int = 16
     """Scans one connection may have open; one more is refused with UNAVAILABLE and a
     ``retry_after`` detail (the Python client waits and retries)."""
+    request_window: int = REQUEST_WINDOW
+    """Bytes of requests one connection may send ahead of those being served (the
+    entrypoint's flow-control window; ``--request-window``). Requests beyond it wait in the
+    client, so a burst costs the service nothing until it reads them; a client that sends
+    more anyway is disconnected (code 3)."""
     threads: int = DEFAULT_THREADS
     """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections;
     one connection runs at most a quarter of them (at least one) at once."""
@@ -93,7 +98,7 @@ class ServiceConfig:
     """Quotas on staged, uncommitted data and the lifetime of idle write transactions."""
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "max_scans", "threads"):
+        for name in ("max_requests", "max_scans", "request_window", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"ServiceConfig.{name} must be at least 1, got {getattr(self, name)}"
@@ -227,7 +232,7 @@ class DatasetService:
         self.observer.connection_opened(conn, grant.name if isinstance(grant, Grant) else None)
         session = Session(self.config.max_requests, self.config.max_scans)
         reading = asyncio.ensure_future(self._read_requests(entry, session, grant, conn))
-        closed = asyncio.ensure_future(conn.wait_closed())
+        closed = asyncio.ensure_future(conn.wait_ended())  # not the socket's close
         try:
             await asyncio.wait([reading, closed], return_when=asyncio.FIRST_COMPLETED)
             if not closed.done():
@@ -545,9 +550,15 @@ async def start(
 ) -> tuple[DatasetService, Server]:
     """Start a dataset service; returns it and the Aqueduct server it runs on. Clients must
     take part in flow control (the service's memory bounds rest on it), whatever
-    ``transport.engine`` says."""
+    ``transport.engine`` says, and get ``config.request_window`` of credit on the
+    entrypoint."""
     transport = transport or TransportConfig()
-    engine = replace(transport.engine, require_flow_control=True)
+    engine = replace(
+        transport.engine,
+        require_flow_control=True,
+        entry_window=config.request_window,
+        entry_window_setting="aqueduct serve --request-window",
+    )
     if engine.limits.max_payload_bytes < config.max_batch_bytes:
         limits = replace(engine.limits, max_payload_bytes=config.max_batch_bytes)
         engine = replace(engine, limits=limits)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     MIB,
+    REQUEST,
     TOKEN,
     Attacker,
     ServerMemory,
@@ -21,8 +22,13 @@ from conftest import (
     run,
 )
 
-from aqueduct_core.wire import Message, RouteTo, Version, encode_frames
+from aqueduct_core.wire import Attachment, Message, RouteTo, Version, encode_frames
+from aqueduct_core.wire.chanid import Side, make_chanid
+from aqueduct_core.wire.frames import message_cost
+from aqueduct_spark.service.admission import REQUEST_WINDOW
 from aqueduct_spark.testing import start_service
+
+CLIENT, SERVER = Side.CLIENT, Side.SERVER
 
 pytestmark = [pytest.mark.quic, pytest.mark.timeout(120)]
 
@@ -95,17 +101,42 @@ def test_max_pending_channels_flag(tight: Target) -> None:
 @pytest.mark.parametrize("tight", [["--max-channels", "50"]], indirect=True)
 def test_max_channels_flag(tight: Target) -> None:
     """Requests attaching a channel each, never closed by the client: fine up to 10,000 by
-    default, cut off past the flag's 50."""
-    from aqueduct_core.wire import Attachment
-    from aqueduct_core.wire.chanid import Side, make_chanid
+    default, cut off past the flag's 50. The attacker keeps to the entrypoint's window
+    (``--request-window``), so that it is this limit that cuts it off."""
 
     async def channels_kept(attacker: Attacker) -> None:
         attacker.hello(16 * MIB)
         await attacker.wait_server_headers()
         sid = attacker.stream(encode_frames(RouteTo(0)))
         for i in range(120):
-            att = (Attachment(make_chanid(Side.CLIENT, Side.SERVER, False, i)),)
-            attacker.stream(encode_frames(Message(i, (), att, b"x")), stream_id=sid)
+            message = Message(i, (), (Attachment(make_chanid(CLIENT, SERVER, False, i)),), b"x")
+            if not await attacker.wait_credit(REQUEST_WINDOW - message_cost(message)):
+                break
+            attacker.stream(encode_frames(message), stream_id=sid)
+            attacker.charged += message_cost(message)
         await attacker.flush(0, stall=3.0)
 
-    assert_cut_off(run(attacked(tight, channels_kept, cut_off=True)))
+    closed = run(attacked(tight, channels_kept, cut_off=True))
+    assert_cut_off(closed)
+    assert closed is not None and "live channels" in closed.reason_phrase, closed
+
+
+@pytest.mark.parametrize("tight", [["--request-window", "20000"]], indirect=True)
+def test_request_window_flag(tight: Target) -> None:
+    """Ten requests sent at once, each with its reply channel (about 42 KB of credit, in one
+    packet): well within the default window (256 KiB), beyond the flag's 20,000 bytes. A
+    client that ignores the window is cut off, told which flag to raise."""
+
+    async def requests_ahead(attacker: Attacker) -> None:
+        attacker.hello(16 * MIB)
+        await attacker.wait_server_headers()
+        requests = [
+            Message(i, (), (Attachment(make_chanid(CLIENT, SERVER, True, i)),), REQUEST)
+            for i in range(10)
+        ]
+        attacker.stream(encode_frames(RouteTo(0), *requests))
+        await attacker.flush(0, stall=3.0)
+
+    closed = run(attacked(tight, requests_ahead, cut_off=True))
+    assert_cut_off(closed)
+    assert closed is not None and "--request-window" in closed.reason_phrase, closed

@@ -126,7 +126,13 @@ def test_serve_limit_flags_default_to_the_service_config_and_refuse_zero(
 ) -> None:
     args = build_parser().parse_args(["serve"])
     defaults: Any = ServiceConfig(".")
-    assert (args.max_requests, args.max_scans) == (defaults.max_requests, defaults.max_scans)
+    assert (args.max_requests, args.max_scans, args.request_window) == (
+        defaults.max_requests,
+        defaults.max_scans,
+        defaults.request_window,
+    )
+    with pytest.raises(ValueError, match="request_window must be at least 1"):
+        ServiceConfig(".", request_window=0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-scans", "0"])
     assert "expected a whole number of at least 1, got '0'" in capsys.readouterr().err

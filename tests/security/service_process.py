@@ -5,9 +5,15 @@ Run as ``python tests/security/service_process.py COMMAND URL FINGERPRINT ...``:
 
 - ``flood N OP``: one connection sends N requests ``{"op": OP, "reply": <oneshot>}``
   without waiting for answers (yielding to its event loop every 100 requests, as an asyncio
-  client awaiting its sends does) and prints ``SENT``. Then each line on stdin makes it
-  print ``ANSWERED <answers received so far>``, and an empty line makes it close the
-  connection and print ``CLOSED``.
+  client awaiting its sends does) and prints ``SENT`` once the first is answered. Then each
+  line on stdin makes it print ``ANSWERED <answers received so far>``, and an empty line
+  makes it close the connection and print ``CLOSED``.
+- ``burst N OP``: issue 26's client: the project's own ``AsyncClient`` fires N requests
+  ``OP`` (``list``, or ``describe`` of dataset ``flood``) at once with ``asyncio.gather``,
+  never yielding between them; prints ``FIRST`` when the first answer arrives. Then each
+  line on stdin makes it print ``ANSWERED <answers so far>``, or for ``stalled``,
+  ``STALLED`` once a request waits for the service's flow-control credit. The test kills it
+  (SIGKILL).
 - ``stall K DATASET``: one connection plans DATASET and opens K scans of its first split,
   takes the first message of each and stops reading; prints ``OPEN <scans that sent a
   batch> REFUSED <scans refused with a retry_after>`` and waits for a line on stdin,
@@ -146,27 +152,72 @@ async def flood(url: str, fingerprint: str, n: int, op: str) -> None:
 
     conn = await _connect(url, fingerprint)
     answered = 0
+    first = asyncio.Event()
 
     async def answer(rx: Any) -> None:
         nonlocal answered
         await rx
         answered += 1
+        first.set()
 
     waiting = []  # kept: a dropped receiver would end its request at once
-    for i in range(n):
-        tx, rx = oneshot()
-        await conn.entrypoint.send({"op": op, "dataset": "flood", "reply": tx})
-        waiting.append(asyncio.ensure_future(answer(rx)))
-        if i % 100 == 99:
-            await asyncio.sleep(0)
-    print("SENT", flush=True)
+
+    async def send_all() -> None:
+        for i in range(n):
+            tx, rx = oneshot()
+            await conn.entrypoint.send({"op": op, "dataset": "flood", "reply": tx})
+            waiting.append(asyncio.ensure_future(answer(rx)))
+            if i % 100 == 99:
+                await asyncio.sleep(0)
+
+    sending = asyncio.ensure_future(send_all())
+    await first.wait()
+    print("SENT", flush=True)  # the flood is on: the service answers it
     while await _stdin_line():
         print(f"ANSWERED {answered}", flush=True)
     await conn.close()
-    for task in waiting:
+    for task in [sending, *waiting]:
         task.cancel()
-    await asyncio.gather(*waiting, return_exceptions=True)
+    await asyncio.gather(sending, *waiting, return_exceptions=True)
     print("CLOSED", flush=True)
+
+
+async def burst(url: str, fingerprint: str, n: int, op: str) -> None:
+    from aqueduct_core.transport import ClientTLS
+    from aqueduct_spark.client import AsyncClient, ClientConfig
+
+    config = ClientConfig(
+        url,
+        tls=ClientTLS(fingerprint=fingerprint),
+        retries=0,
+        timeout=600,
+        transport=TransportConfig(transport="quic"),
+    )
+    client = AsyncClient(config)
+    await client.list()  # connected: the burst starts on an open connection
+    answered = 0
+
+    async def one() -> None:
+        nonlocal answered
+        await (client.list() if op == "list" else client.describe("flood"))
+        answered += 1
+        if answered == 1:
+            print("FIRST", flush=True)
+
+    calls = asyncio.gather(*(one() for _ in range(n)))
+    while line := await _stdin_line():
+        if line == "stalled":
+            # Wait until a request waits for the service's credit: the service then holds
+            # all of this client's requests it may (the test kills us at that moment).
+            conn = client._conn
+            assert conn is not None
+            stalls = conn.flow_stalls().credit
+            while conn.flow_stalls().credit == stalls:
+                await asyncio.sleep(0.002)
+            print("STALLED", flush=True)
+        else:
+            print(f"ANSWERED {answered}", flush=True)
+    await calls
 
 
 async def stall(url: str, fingerprint: str, k: int, dataset: str) -> None:
@@ -205,7 +256,9 @@ if __name__ == "__main__":
     command, url, fingerprint, *rest = sys.argv[1:]
     if command == "flood":
         asyncio.run(flood(url, fingerprint, int(rest[0]), rest[1]))
+    elif command == "burst":
+        asyncio.run(burst(url, fingerprint, int(rest[0]), rest[1]))
     elif command == "stall":
         asyncio.run(stall(url, fingerprint, int(rest[0]), rest[1]))
     else:
-        raise SystemExit(f"unknown command {command!r}: flood or stall")
+        raise SystemExit(f"unknown command {command!r}: flood, burst or stall")

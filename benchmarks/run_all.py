@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_versions, report_hand, report_runs
+from benchmarks import bench_burst, bench_versions, report_hand, report_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -34,6 +34,7 @@ SCRIPTS = {
     "streaming": "benchmarks.bench_streaming_latency",
     "commits": "benchmarks.bench_commits",
     "versions": "benchmarks.bench_versions",
+    "burst": "benchmarks.bench_burst",
 }
 
 
@@ -487,6 +488,8 @@ def target_rows(
         )
     if collected.get("versions"):
         rows += bench_versions.summary_rows(collected["versions"] or {})
+    if collected.get("burst"):
+        rows += bench_burst.summary_rows(collected["burst"] or {})
     return rows
 
 
@@ -575,6 +578,7 @@ SECTIONS = {
     "streaming": section_streaming,
     "commits": section_commits,
     "versions": bench_versions.section,
+    "burst": bench_burst.section,
 }
 
 

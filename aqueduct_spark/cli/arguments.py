@@ -11,7 +11,6 @@ from typing import Any, NoReturn
 
 from aqueduct_spark.cli import maintenance, staging
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
-from aqueduct_spark.service.admission import REQUEST_WINDOW
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
 ENGINE_DEFAULTS = {
@@ -24,6 +23,9 @@ ENGINE_DEFAULTS = {
 }
 """The engine limits ``serve`` has flags for, as ``EngineConfig`` has them (a test keeps them
 equal): written here so that parsing a command line does not import the protocol engine."""
+REQUEST_WINDOW = 256 * 1024
+"""``serve --request-window``'s default, the service's (``service.admission.REQUEST_WINDOW``;
+a test keeps them equal), written here for the same reason."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -44,6 +44,11 @@ from aqueduct_spark.testing import ServiceProcess, start_service
 pytestmark = [pytest.mark.quic]
 
 SAMPLES = 41
+SLOWER = 5
+"""How much slower another client's ``ls`` may be than on the unattacked service. Issue 26's
+target is 3x (or 50 ms), checked by ``benchmarks/bench_burst.py`` on a quiet machine; here,
+on a machine loaded by other work, the attacked service measured 0.9-2.5x, and issue 26's
+service 38x (a window's worth of requests parsed in one go stalled its event loop)."""
 HELD = ServiceConfig(".").max_requests + REQUEST_WINDOW // (ATTACHMENT_COST + MESSAGE_OVERHEAD)
 """The most requests of one connection the service holds at a time: ``--max-requests``
 being served, and what fits in ``--request-window`` (each request carries a reply channel,
@@ -153,7 +158,7 @@ def test_a_flood_leaves_another_clients_ls_fast_and_ends_with_the_connection(
     service: Observed,
 ) -> None:
     """A flood from a client that yields every 100 sends, then closes its connection: the
-    other client's ``ls`` stays within 3x of the unattacked service's, and once the attacker
+    other client's ``ls`` stays within SLOWER x the unattacked service's, and once the attacker
     has closed, the service answers at most what it held of it (its close may reach the
     service behind the requests already in flight: that race made the old 1 s bound
     flaky)."""
@@ -177,7 +182,7 @@ def test_a_flood_leaves_another_clients_ls_fast_and_ends_with_the_connection(
         f"before the flood {figures(*before)}; under it {figures(*during)}; {answered} of "
         f"{flood} answered; {after_close} more after the attacker closed (at most {HELD})"
     )
-    assert during[2] < 3, f"another client's ls is {during[2]:.1f}x slower under the flood"
+    assert during[2] < SLOWER, f"another client's ls is {during[2]:.1f}x slower under the flood"
     assert after_close <= HELD, (
         f"the service answered {after_close} requests after the attacker closed its "
         f"connection; it may hold {HELD} of one connection"
@@ -189,7 +194,7 @@ def test_a_burst_waits_in_its_client_and_ends_when_the_client_is_killed(
     service: Observed, burst: int
 ) -> None:
     """Issue 26's client in its own process: ``asyncio.gather`` of ``burst`` requests,
-    never yielding; the other client's ``ls`` stays within 3x of the unattacked service's.
+    never yielding; the other client's ``ls`` stays within SLOWER x the unattacked service's.
     Then the bursting client is killed (SIGKILL: over QUIC nothing tells the service) at a
     moment its requests wait for credit, so the service holds all it may of them; it answers
     at most that (issue 26: about 3,900 requests, 1.6 s of CPU)."""
@@ -214,7 +219,7 @@ def test_a_burst_waits_in_its_client_and_ends_when_the_client_is_killed(
         f"under a burst of {burst} {figures(*during)}; after the kill {after_kill} answered "
         f"(at most {HELD}), settled in {seconds:.2f} s, {cpu:.2f} s CPU"
     )
-    assert during[2] < 3, f"another client's ls is {during[2]:.1f}x slower under the burst"
+    assert during[2] < SLOWER, f"another client's ls is {during[2]:.1f}x slower under the burst"
     assert after_kill <= HELD, (
         f"the service answered {after_kill} requests of a client it could not know was "
         f"killed; it may hold {HELD} of one connection"

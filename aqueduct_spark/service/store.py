@@ -521,10 +521,10 @@ class Store(Tables):
         self, name: str, older_than: dt.timedelta = dt.timedelta(hours=1), dry_run: bool = False
     ) -> list[str]:
         """Delete staged files (named like ours) that no version references and that are older
-        than ``older_than``, which must be longer than any write still running; files of a
-        transaction with a live record (:mod:`.txn_records`) are kept whatever their age.
-        Returns their paths; ``dry_run`` only lists them. Works on a dataset whose create
-        never committed."""
+        than ``older_than``, which must be longer than any write still running; a transaction
+        with a record (:mod:`.txn_records`) counts as old as its last activity, whatever its
+        files' ages. Returns their paths; ``dry_run`` only lists them. Works on a dataset whose
+        create never committed."""
         self.validate_name(name)
         if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
             raise InvalidRequest(
@@ -535,7 +535,7 @@ class Store(Tables):
             raise DatasetNotFound(f"dataset {name!r} does not exist")
         fs = self.filesystem(name)
         cutoff = dt.datetime.now(dt.UTC) - older_than
-        alive = txn_records.alive(self, name)
+        alive = txn_records.alive(self, name, since=cutoff)
         old = {
             i.path
             for i in staging.staged_files(fs)

@@ -73,9 +73,13 @@ class Record:
     """When it was last written, by the store's clock."""
 
 
-def alive(tables: Tables, dataset: str) -> set[str]:
-    """The transactions of ``dataset`` with a live record: a vacuum keeps their files."""
-    return {r.txn for r in Records(tables).list() if r.kind == LIVE and r.dataset == dataset}
+def alive(tables: Tables, dataset: str, since: dt.datetime) -> set[str]:
+    """The transactions of ``dataset`` active ``since`` then: a vacuum keeps their files."""
+    return {
+        r.txn
+        for r in Records(tables).list()
+        if r.kind == LIVE and r.dataset == dataset and r.mtime >= since
+    }
 
 
 def expired_error(dataset: str, txn: str, info: dict[str, Any]) -> InvalidRequest:

@@ -295,12 +295,17 @@ def test_a_sweep_never_deletes_a_transaction_written_meanwhile(tmp_path: Path, w
         assert kept  # A saw B's record and backed off; B was refused all the same
 
 
-def test_a_vacuum_keeps_the_files_of_a_live_transaction_whatever_their_age(tmp_path: Path) -> None:
+def test_a_vacuum_keeps_the_files_of_a_transaction_active_within_its_retention(
+    tmp_path: Path,
+) -> None:
+    """A long write's first files may be older than the retention; its transaction is not."""
     store = Store(tmp_path)
     store.create("vac", SCHEMA)
     txns = Transactions(store, CONFIG, pool=None, per_token=False)
     staged = stage(txns, "vac", "t3")
-    assert store.cleanup_orphans("vac", older_than=dt.timedelta(0)) == []  # alive: kept
-    assert local_files(tmp_path, "vac", "t3")
-    txns.records.remove("vac", "t3", LIVE)  # no record: a leftover nobody holds
-    assert store.cleanup_orphans("vac", older_than=dt.timedelta(0)) == [staged[0].path]
+    then = time.time() - 7200
+    os.utime(tmp_path / "vac" / staged[0].path, (then, then))  # staged two hours ago
+    hour = dt.timedelta(hours=1)
+    assert store.cleanup_orphans("vac", older_than=hour) == []  # active just now: kept
+    age(tmp_path, "vac", "t3", LIVE, 5400)  # idle for an hour and a half
+    assert store.cleanup_orphans("vac", older_than=hour) == [staged[0].path]

@@ -1,24 +1,28 @@
-"""Real-path benchmark (issue 14): the dataset service and Arrow Flight between two "hosts".
+"""Real-path benchmark (issues 14, 28): the dataset service and Arrow Flight between two
+"hosts".
 
 Two network namespaces joined by a veth pair stand in for two machines on one Ethernet link
 (``shared/design/real-paths.md``): a real MTU (1500 and 9000), the kernel's offloads as on a
-NIC, no loopback shortcuts. The service (``aqueduct serve``) and a pyarrow Flight server run
-in the server namespace over the same Delta table, both with TLS from the same certificate;
-the clients run in the other namespace. For every path it reports MB/s of Arrow data, the
-ratio to Flight measured in the same run, and CPU seconds per GB at each end (from
-``/proc/<pid>/stat`` of the server process and ``getrusage`` of the client process).
+NIC, no loopback shortcuts, and optionally a link of a given speed (``--rate``: ``tc tbf``
+on both ends). The service (``aqueduct serve``) and the Flight servers run in the server
+namespace over the same Delta tables, all with TLS from the same certificate; the clients
+run in the other namespace. For every path it reports MB/s of Arrow data, the ratio to
+Flight (the faster of the project's Flight server and a plain one) and to Flight with zstd
+IPC compression, measured in the same run; the bytes the client's interface received per
+read (the wire: headers, TLS, retransmissions); and CPU seconds per GB of Arrow data at
+each end (``/proc/<pid>/stat`` of the server process, ``getrusage`` of the client's).
 
     sudo .venv/bin/python -m benchmarks.bench_realpath [--quick] [--rows N] [--repeat K]
-        [--mtu 1500 9000] [--loss 0.001 0.01] [--variants aqueduct-qh3 ...] [--json out.json]
+        [--tables bench taxi] [--mtu 1500 9000] [--rate 1gbit 10gbit] [--loss 0.001 0.01]
+        [--variants aqueduct aqueduct-tcp ...] [--json out.json]
 
+Tables: ``bench`` (ids, halves, "row-<id>" strings, timestamps: very regular) and ``taxi``
+(the shape and entropy of NYC taxi trips, ``benchmarks/taxi.py``); every read is checked.
 Root is required (namespaces, veth): without it the script says so and exits with status 2.
 ``--loss`` adds runs with that fraction of TCP and UDP packets dropped at random in both
-directions (nftables ``numgen``; ``make nftables`` installs nft). Namespaces get unique names
+directions (nftables ``numgen``; ``make debs`` installs nft). Namespaces get unique names
 per run and are deleted in a ``finally``. Only 198.18.0.0/15 (RFC 2544) addresses are used.
-
-Clients are pluggable: a :class:`Variant` names how to start its server in the server
-namespace and how to read the dataset once in the client namespace; add one to ``VARIANTS``
-(e.g. another transport) and it is measured against Flight like the others.
+Variants are listed in ``benchmarks/realpath_variants.py``.
 """
 
 from __future__ import annotations
@@ -27,280 +31,36 @@ import argparse
 import json
 import os
 import resource
-import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DATASET = "bench"
-READY = "REALPATH_READY "
+from benchmarks.realpath_link import (
+    ROOT,
+    Link,
+    proc_cpu,
+    require_root,
+    rx_bytes,
+    spawn_in,
+    stop,
+    veth_link,
+)
+from benchmarks.realpath_variants import (
+    DEFAULT_VARIANTS,
+    READY,
+    TABLES,
+    VARIANTS,
+    check_batch,
+    flight_server,
+    make_table,
+)
 
-
-# -- the two "hosts" ---------------------------------------------------------------------
-
-
-@dataclass
-class Link:
-    """Two namespaces joined by a veth pair: ``server_ns`` has ``server_ip``."""
-
-    server_ns: str
-    client_ns: str
-    server_if: str
-    client_if: str
-    server_ip: str
-    client_ip: str
-    loss: float = 0.0
-
-    def run(self, ns: str, *cmd: str) -> None:
-        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True)
-
-    def set_mtu(self, mtu: int) -> None:
-        for ns, dev in ((self.server_ns, self.server_if), (self.client_ns, self.client_if)):
-            subprocess.run(["ip", "-n", ns, "link", "set", dev, "mtu", str(mtu)], check=True)
-
-    def set_loss(self, loss: float) -> None:
-        """Drop ``loss`` of every TCP and UDP packet leaving either namespace."""
-        for ns in (self.server_ns, self.client_ns):
-            subprocess.run(
-                ["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "aqloss"],
-                capture_output=True,
-            )
-            if loss > 0:
-                scale = 100_000
-                rules = (
-                    "table inet aqloss {\n chain out {\n"
-                    "  type filter hook output priority 0; policy accept;\n"
-                    f"  meta l4proto {{ tcp, udp }} numgen random mod {scale} "
-                    f"< {round(loss * scale)} drop\n }}\n}}\n"
-                )
-                subprocess.run(
-                    ["ip", "netns", "exec", ns, "nft", "-f", "-"],
-                    input=rules,
-                    text=True,
-                    check=True,
-                )
-        self.loss = loss
-
-
-def require_root(what: str) -> str | None:
-    """None when namespaces can be made here, else the reason they cannot."""
-    if os.geteuid() != 0:
-        return f"{what} needs root (network namespaces and a veth pair); run it with sudo"
-    if shutil.which("ip") is None:
-        return f"{what} needs the 'ip' command (iproute2)"
-    return None
-
-
-@contextmanager
-def veth_link(mtu: int = 1500, prefix: str = "aq") -> Iterator[Link]:
-    """Two fresh namespaces joined by a veth pair at ``mtu``, deleted on exit."""
-    token = secrets.token_hex(3)
-    subnet = 1 + int(token, 16) % 250  # 198.18.<subnet>.0/24: readable, unique-ish per run
-    link = Link(
-        server_ns=f"{prefix}-{token}-srv",
-        client_ns=f"{prefix}-{token}-cli",
-        server_if=f"{prefix}{token}s"[:15],
-        client_if=f"{prefix}{token}c"[:15],
-        server_ip=f"198.18.{subnet}.1",
-        client_ip=f"198.18.{subnet}.2",
-    )
-    made: list[str] = []
-    try:
-        for ns in (link.server_ns, link.client_ns):
-            subprocess.run(["ip", "netns", "add", ns], check=True)
-            made.append(ns)
-        ip = ["ip"]
-        subprocess.run(
-            [*ip, "link", "add", link.server_if, "type", "veth", "peer", "name", link.client_if],
-            check=True,
-        )
-        for ns, dev, addr in (
-            (link.server_ns, link.server_if, link.server_ip),
-            (link.client_ns, link.client_if, link.client_ip),
-        ):
-            subprocess.run([*ip, "link", "set", dev, "netns", ns], check=True)
-            subprocess.run([*ip, "-n", ns, "addr", "add", f"{addr}/24", "dev", dev], check=True)
-            subprocess.run([*ip, "-n", ns, "link", "set", dev, "mtu", str(mtu), "up"], check=True)
-            subprocess.run([*ip, "-n", ns, "link", "set", "lo", "up"], check=True)
-        yield link
-    finally:
-        for ns in made:  # deleting a namespace deletes its end of the veth, and so the pair
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
-def spawn_in(ns: str, args: list[str], ready: str, timeout: float = 120) -> tuple[Any, str]:
-    """Start ``python args...`` inside namespace ``ns``; wait for its ``ready`` line.
-    ``ip netns exec`` execs the command, so the process id is the Python process's."""
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "AQUEDUCT_TOKEN": ""},
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{args[:3]} exited with {proc.wait()} in namespace {ns}")
-        if line.startswith(ready):
-            return proc, line[len(ready) :].strip()
-    proc.kill()
-    raise RuntimeError(f"{args[:3]} not ready in time")
-
-
-def stop(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) used so far by process ``pid``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-# -- what is measured --------------------------------------------------------------------
-
-
-@dataclass
-class Variant:
-    """One way of reading the dataset: ``serve(link, root, certs)`` starts its server in the
-    server namespace (returns the process and what the client needs); ``read(info)`` reads
-    the whole dataset once in the client namespace and returns its batches' iterator."""
-
-    name: str
-    serve: Callable[[Link, Path, dict[str, str], argparse.Namespace], tuple[Any, dict[str, Any]]]
-    read: Callable[[dict[str, Any]], Iterator[Any]]
-    baseline: bool = False
-
-
-def serve_flight(
-    link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace
-) -> tuple[Any, dict[str, Any]]:
-    cmd = ["-m", "benchmarks.bench_realpath", "--flight-server", str(root), link.server_ip]
-    proc, port = spawn_in(link.server_ns, [*cmd, certs["cert"], certs["key"]], READY)
-    return proc, {"url": f"grpc+tls://{link.server_ip}:{port}", "ca": certs["ca"]}
-
-
-def read_flight(info: dict[str, Any]) -> Iterator[Any]:
-    import pyarrow.flight as fl
-
-    client = fl.FlightClient(info["url"], tls_root_certs=Path(info["ca"]).read_bytes())
-    try:
-        flight = client.get_flight_info(fl.FlightDescriptor.for_path(DATASET))
-        for endpoint in flight.endpoints:
-            for chunk in client.do_get(endpoint.ticket):
-                yield chunk.data
-    finally:
-        client.close()
-
-
-def aqueduct_variant(backend: str) -> Variant:
-    def serve(
-        link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace
-    ) -> tuple[Any, dict[str, Any]]:
-        cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
-        cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
-        # a veth pair between two private namespaces: no one else can reach it, and Flight
-        # runs without a token too (serve refuses a non-loopback host without one otherwise)
-        cmd += ["--allow-anonymous"]
-        cmd += ["--cert", certs["cert"], "--key", certs["key"]]
-        if args.packet_size:
-            cmd += ["--packet-size", str(args.packet_size)]
-        proc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")
-        info = json.loads(banner)
-        return proc, {
-            "url": info["url"],
-            "fingerprint": info["fingerprint"],
-            "backend": backend,
-            "packet_size": args.packet_size,
-        }
-
-    def read(info: dict[str, Any]) -> Iterator[Any]:
-        from aqueduct_core.transport import ClientTLS, TransportConfig
-        from aqueduct_spark.client import Client
-
-        os.environ["AQUEDUCT_TRANSPORT"] = "quic"  # where TCP exists too: measure QUIC here
-        transport = TransportConfig(backend=info["backend"], packet_size=info["packet_size"])
-        client = Client(
-            info["url"], tls=ClientTLS(fingerprint=info["fingerprint"]), transport=transport
-        )
-        try:
-            yield from client.read_batches(DATASET)
-        finally:
-            client.close()
-
-    return Variant(f"aqueduct-{backend}", serve, read)
-
-
-def aqueduct_tcp_variant() -> Variant:
-    """Aqueduct over TLS/TCP (issue 15): the same service, the client on transport=tcp."""
-
-    def read(info: dict[str, Any]) -> Iterator[Any]:
-        from aqueduct_core.transport import ClientTLS, TransportConfig
-        from aqueduct_spark.client import Client
-
-        tls = ClientTLS(fingerprint=info["fingerprint"])
-        client = Client(info["url"], tls=tls, transport=TransportConfig(transport="tcp"))
-        try:
-            yield from client.read_batches(DATASET)
-        finally:
-            client.close()
-
-    return Variant("aqueduct-tcp", aqueduct_variant("qh3").serve, read)
-
-
-VARIANTS: dict[str, Variant] = {
-    "flight": Variant("flight", serve_flight, read_flight, baseline=True),
-    "aqueduct-qh3": aqueduct_variant("qh3"),
-    "aqueduct-aioquic": aqueduct_variant("aioquic"),
-    "aqueduct-tcp": aqueduct_tcp_variant(),
-}
-"""Every client variant; ``flight`` is the baseline every ratio is taken against."""
-
-
-def check_batch(batch: Any) -> tuple[int, int, int]:
-    """Verify every value of a batch of the benchmark table against its generating rule
-    (``benchmarks.common.sample_table``: x = id/2, s = "row-<id>", ts = id + 1.7e15 µs);
-    returns (rows, sum of ids, sum of squared ids) for the whole-table check."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    ids = batch.column("id")
-    expect_s = pc.binary_join_element_wise("row-", pc.cast(ids, pa.string()), "")
-    ok = (
-        pc.all(pc.equal(batch.column("x"), pc.multiply(ids.cast(pa.float64()), 0.5))).as_py()
-        and pc.all(pc.equal(batch.column("s"), expect_s)).as_py()
-        and pc.all(
-            pc.equal(batch.column("ts").cast(pa.int64()), pc.add(ids, 1_700_000_000_000_000))
-        ).as_py()
-    )
-    if not ok:
-        raise AssertionError("a batch arrived with values that differ from the table")
-    # Exact at any size: squares summed as 38-digit decimals (float64 loses the last digits
-    # past 2**53, int64 overflows past ~3M rows).
-    squares = pc.sum(pc.multiply_checked(ids, ids).cast(pa.decimal128(38, 0))).as_py() or 0
-    return batch.num_rows, pc.sum(ids).as_py() or 0, int(squares)
+__all__ = ["ROOT", "Link", "require_root", "spawn_in", "stop", "veth_link"]
 
 
 def client_worker() -> None:
@@ -310,14 +70,15 @@ def client_worker() -> None:
         req = json.loads(line)
         variant = VARIANTS[req["variant"]]
         before = resource.getrusage(resource.RUSAGE_SELF)
+        wire = rx_bytes(req["dev"])
         start = time.perf_counter()
-        nbytes = rows = ids = squares = 0
+        nbytes = rows = a = b = 0
         try:
-            for batch in variant.read(req["info"]):
+            for batch in variant.read(req["info"], req["table"]):
                 nbytes += batch.nbytes
                 if req["verify"]:
-                    n, s, q = check_batch(batch)
-                    rows, ids, squares = rows + n, ids + s, squares + q
+                    n, x, y = check_batch(req["table"], batch)
+                    rows, a, b = rows + n, a + x, b + y
                 else:
                     rows += batch.num_rows
             error = None
@@ -327,19 +88,10 @@ def client_worker() -> None:
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         answer = {"seconds": seconds, "bytes": nbytes, "rows": rows, "cpu": cpu, "error": error}
+        answer["wire"] = rx_bytes(req["dev"]) - wire
         if req["verify"]:
-            answer.update(id_sum=ids, id_squares=squares)
+            answer.update(sum_a=a, sum_b=b)
         print(json.dumps(answer), flush=True)
-
-
-def flight_server(root: str, host: str, cert: str, key: str) -> None:
-    """Runs in the server namespace: Flight over the same Delta store, on ``host``."""
-    from benchmarks.flight_server import DeltaFlightServer
-
-    with open(cert, "rb") as c, open(key, "rb") as k:
-        server = DeltaFlightServer(root, f"grpc+tls://{host}:0", c.read(), k.read())
-    print(f"{READY}{server.port}", flush=True)
-    server.serve()
 
 
 @dataclass
@@ -350,12 +102,12 @@ class Session:
     servers: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
     client: Any = None
 
-    def read(self, name: str, verify: bool = False) -> dict[str, Any]:
-        proc, info = self.servers[name]
+    def read(self, name: str, table: str, verify: bool = False) -> dict[str, Any]:
+        proc, info = self.servers[VARIANTS[name].server]
         assert self.client.stdin is not None and self.client.stdout is not None
         cpu0 = proc_cpu(proc.pid)
-        self.client.stdin.write(json.dumps({"variant": name, "info": info, "verify": verify}))
-        self.client.stdin.write("\n")
+        req = {"variant": name, "info": info, "table": table, "verify": verify}
+        self.client.stdin.write(json.dumps({**req, "dev": self.link.client_if}) + "\n")
         self.client.stdin.flush()
         line = self.client.stdout.readline()
         if not line:
@@ -368,7 +120,12 @@ class Session:
 
 
 def measure(
-    link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace, expect: dict[str, int]
+    link: Link,
+    root: Path,
+    certs: dict[str, str],
+    args: argparse.Namespace,
+    table: str,
+    expect: dict[str, int],
 ) -> dict[str, Any]:
     """Every variant on the current link settings: a verified warm-up read each, then
     ``repeat`` timed reads, interleaved so that noise hits every variant alike."""
@@ -376,75 +133,69 @@ def measure(
     out: dict[str, Any] = {}
     try:
         for name in args.variants:
-            session.servers[name] = VARIANTS[name].serve(link, root, certs, args)
+            v = VARIANTS[name]
+            if v.server not in session.servers:
+                session.servers[v.server] = v.serve(link, root, certs, args)
         session.client, _ = spawn_in(
             link.client_ns, ["-m", "benchmarks.bench_realpath", "--client-worker"], READY
         )
         for name in args.variants:
-            check = session.read(name, verify=True)
-            expect.setdefault("bytes", check["bytes"])  # Arrow bytes as the baseline counts them
-            for key in ("bytes", "rows", "id_sum", "id_squares"):
+            check = session.read(name, table, verify=True)
+            expect.setdefault("bytes", check["bytes"])  # Arrow bytes as the first counts them
+            for key in ("rows", "sum_a", "sum_b"):
                 if check[key] != expect[key]:
                     raise AssertionError(f"{name}: {key} {check[key]} != {expect[key]}")
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.variants}
         for _ in range(args.repeat):
             for name in args.variants:
-                runs[name].append(session.read(name))
-        for name, rs in runs.items():
-            gb = expect["bytes"] / 1e9
-            secs = statistics.median(r["seconds"] for r in rs)
-            out[name] = {
-                "seconds": secs,
-                "all_seconds": [round(r["seconds"], 3) for r in rs],
-                "MBps": expect["bytes"] / secs / 1e6,
-                "client_cpu_per_GB": statistics.median(r["cpu"] for r in rs) / gb,
-                "server_cpu_per_GB": statistics.median(r["server_cpu"] for r in rs) / gb,
-                "intact": True,
-            }
+                runs[name].append(session.read(name, table))
     finally:
         if session.client is not None:
             stop(session.client)
         for proc, _ in session.servers.values():
             stop(proc)
-    base = out["flight"]["MBps"]
-    for run in out.values():
-        run["vs_flight"] = run["MBps"] / base
+    gb = expect["bytes"] / 1e9
+    for name, rs in runs.items():
+        secs = statistics.median(r["seconds"] for r in rs)
+        out[name] = {
+            "seconds": secs,
+            "all_seconds": [round(r["seconds"], 3) for r in rs],
+            "MBps": expect["bytes"] / secs / 1e6,
+            "wire_bytes": statistics.median(r["wire"] for r in rs),
+            "client_cpu_per_GB": statistics.median(r["cpu"] for r in rs) / gb,
+            "server_cpu_per_GB": statistics.median(r["server_cpu"] for r in rs) / gb,
+            "intact": True,
+        }
+    ratios(out)
     return out
 
 
-def make_dataset(root: Path, rows: int) -> dict[str, int]:
-    """Write the table through the service's store; returns what a full read must see."""
-    import uuid
-
-    from aqueduct_spark.service.store import Store
-    from benchmarks.common import sample_table
-
-    store = Store(str(root))
-    txn = uuid.uuid4().hex
-    first = sample_table(0)
-    writer = store.open_stage(DATASET, txn, "setup", first.schema)
-    chunk = 1_000_000
-    for start in range(0, rows, chunk):
-        for batch in sample_table(min(chunk, rows - start), start).to_batches(max_chunksize=65536):
-            writer.write(batch)
-    store.commit(DATASET, "overwrite", first.schema, [], writer.close())
-    return {
-        "rows": rows,
-        "id_sum": rows * (rows - 1) // 2,
-        "id_squares": (rows - 1) * rows * (2 * rows - 1) // 6,
-    }
+def ratios(out: dict[str, Any]) -> None:
+    """Each variant against Flight (the faster of the project's and the plain one, as users
+    would choose), against Flight with zstd, and its bytes on the wire against Flight's."""
+    plain = [out[n] for n in ("flight", "flight-plain") if n in out]
+    base = max(plain, key=lambda r: r["MBps"])
+    zstd = out.get("flight-zstd")
+    for run in out.values():
+        run["vs_flight"] = run["MBps"] / base["MBps"]
+        run["wire_vs_flight"] = run["wire_bytes"] / max(base["wire_bytes"], 1)
+        if zstd is not None:
+            run["vs_flight_zstd"] = run["MBps"] / zstd["MBps"]
 
 
 def print_table(results: dict[str, Any]) -> None:
     print(
-        f"\n{'MTU':>5} {'loss':>6} {'variant':18} {'s':>7} {'MB/s':>7} {'vs Flight':>9}"
-        f" {'client CPU s/GB':>15} {'server CPU s/GB':>15}"
+        f"\n{'table':6} {'MTU':>5} {'rate':>7} {'loss':>6} {'variant':18} {'s':>6} {'MB/s':>6}"
+        f" {'vs Fl':>6} {'vs Fz':>6} {'wire MB':>8} {'wire/Fl':>7} {'cli s/GB':>8} {'srv s/GB':>8}"
     )
     for row in results["runs"]:
         for name, r in row["variants"].items():
             print(
-                f"{row['mtu']:>5} {row['loss']:>6.3%} {name:18} {r['seconds']:7.2f} {r['MBps']:7.0f}"
-                f" {r['vs_flight']:8.2f}x {r['client_cpu_per_GB']:15.2f} {r['server_cpu_per_GB']:15.2f}"
+                f"{row.get('table', 'bench'):6} {row['mtu']:>5} {row.get('rate') or '-':>7} "
+                f"{row['loss']:>6.3%} {name:18} {r['seconds']:6.2f} {r['MBps']:6.0f} "
+                f"{r['vs_flight']:5.2f}x {r.get('vs_flight_zstd', 0):5.2f}x "
+                f"{r['wire_bytes'] / 1e6:8.1f} {r['wire_vs_flight']:7.2f} "
+                f"{r['client_cpu_per_GB']:8.2f} {r['server_cpu_per_GB']:8.2f}"
             )
 
 
@@ -454,11 +205,18 @@ def main(argv: list[str] | None = None) -> int:
         "--rows",
         type=int,
         default=2_000_000,
-        help="rows (2M ~ 78 MB of Arrow; aioquic at MTU 1500 reads it in tens of seconds here)",
+        help="rows per table (2M ~ 78 MB of Arrow in bench, ~300 MB in taxi)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed reads per variant (median)")
     parser.add_argument("--quick", action="store_true", help="500k rows, 2 reads, MTU 1500 only")
+    parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=TABLES)
     parser.add_argument("--mtu", type=int, nargs="+", default=[1500, 9000])
+    parser.add_argument(
+        "--rate",
+        nargs="*",
+        default=["1gbit", "10gbit"],
+        help="extra runs at MTU 1500 with the link shaped to this speed (tc units; none: --rate)",
+    )
     parser.add_argument(
         "--loss",
         type=float,
@@ -466,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[0.001, 0.01],
         help="extra runs at MTU 1500 with this fraction of packets dropped (none: --loss)",
     )
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     parser.add_argument("--packet-size", type=int, help="set the QUIC packet size on both ends")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--flight-server", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--flight-server", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.client_worker:
         client_worker()
@@ -484,15 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.loss and shutil.which("nft") is None:
         print(
-            "bench_realpath: --loss needs nftables (as root: make nftables, or "
+            "bench_realpath: --loss needs nftables (as root: make debs, or "
             "apt-get install -y nftables); no figures were measured",
             file=sys.stderr,
         )
         return 2
     if args.quick:
-        args.rows, args.repeat, args.mtu = 500_000, 2, [1500]
-    if "flight" not in args.variants:
-        args.variants.insert(0, "flight")
+        args.rows, args.repeat, args.mtu, args.loss = 500_000, 2, [1500], []
+    for needed in ("flight-plain", "flight"):  # the baseline, first
+        if needed not in args.variants:
+            args.variants.insert(0, needed)
     from aqueduct_core.transport import make_dev_certificates
     from benchmarks.common import machine, write_json
 
@@ -504,34 +263,49 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["sudo .venv/bin/python -m benchmarks.bench_realpath", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_before": [round(x, 1) for x in os.getloadavg()],
+        "arrow_bytes": {},
     }
     with tempfile.TemporaryDirectory(prefix="aqueduct-realpath-") as tmp:
         root = Path(tmp) / "root"
-        print(f"writing {args.rows:,} rows ...", flush=True)
-        expect = make_dataset(root, args.rows)
+        expected = {}
+        for table in args.tables:
+            print(f"writing {args.rows:,} rows of {table} ...", flush=True)
+            expected[table] = make_table(root, table, args.rows)
         with veth_link() as link:
             tls = make_dev_certificates(Path(tmp) / "tls", ("localhost", link.server_ip))
             certs = {"cert": str(tls.cert_file), "key": str(tls.key_file), "ca": str(tls.ca_file)}
-            plan = [(mtu, 0.0) for mtu in args.mtu] + [(1500, loss) for loss in args.loss]
-            for mtu, loss in plan:
-                link.set_mtu(mtu)
-                link.set_loss(loss)
-                print(f"== MTU {mtu}, loss {loss:.1%}", flush=True)
-                variants = measure(link, root, certs, args, expect)
-                results["runs"].append({"mtu": mtu, "loss": loss, "variants": variants})
-                for name, r in variants.items():
+            plan = [(mtu, None, 0.0) for mtu in args.mtu]
+            plan += [(1500, rate, 0.0) for rate in args.rate]
+            plan += [(1500, None, loss) for loss in args.loss]
+            for table in args.tables:
+                for mtu, rate, loss in plan:
+                    link.set_mtu(mtu)
+                    link.set_rate(rate)
+                    link.set_loss(loss)
+                    load = round(os.getloadavg()[0], 1)
                     print(
-                        f"   {name:18} {r['MBps']:7.0f} MB/s  {r['vs_flight']:5.2f}x Flight  "
-                        f"CPU s/GB client {r['client_cpu_per_GB']:.2f} server {r['server_cpu_per_GB']:.2f}",
+                        f"== {table}: MTU {mtu}, rate {rate or 'unshaped'}, loss {loss:.1%}, load {load}",
                         flush=True,
                     )
+                    variants = measure(link, root, certs, args, table, expected[table])
+                    row = {"table": table, "mtu": mtu, "rate": rate, "loss": loss, "load": load}
+                    results["runs"].append({**row, "variants": variants})
+                    for name, r in variants.items():
+                        print(
+                            f"   {name:18} {r['MBps']:7.0f} MB/s  {r['vs_flight']:5.2f}x Flight  "
+                            f"wire {r['wire_vs_flight']:.2f}x  CPU s/GB client "
+                            f"{r['client_cpu_per_GB']:.2f} server {r['server_cpu_per_GB']:.2f}",
+                            flush=True,
+                        )
+                results["arrow_bytes"][table] = expected[table]["bytes"]
             link.set_loss(0.0)
-        results["arrow_bytes"] = expect["bytes"]
+            link.set_rate(None)
         results["load_after"] = [round(x, 1) for x in os.getloadavg()]
     print_table(results)
     print(
-        f"({expect['bytes'] / 1e6:.0f} MB of Arrow, {args.rows:,} rows, median of {args.repeat}; "
-        "every variant's warm-up read was checked value by value)"
+        f"({args.rows:,} rows per table, median of {args.repeat}; every variant's warm-up "
+        "read was checked; vs Fl: against Flight, vs Fz: against Flight with zstd; wire: "
+        "bytes the client's interface received per read)"
     )
     write_json(args.json, results)
     return 0

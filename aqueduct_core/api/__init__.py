@@ -11,6 +11,7 @@ from aqueduct_core.api.channel import (
 )
 from aqueduct_core.api.codec import CborCodec, Codec, RawCodec
 from aqueduct_core.api.connection import Connection
+from aqueduct_core.api.path import PathReading, PathSample
 
 __all__ = [
     "CborCodec",
@@ -19,6 +20,8 @@ __all__ = [
     "Delivery",
     "OneshotReceiver",
     "OneshotSender",
+    "PathReading",
+    "PathSample",
     "RawCodec",
     "Receiver",
     "Sender",

@@ -27,6 +27,7 @@ from aqueduct_core.api.channel import (
     _State,
 )
 from aqueduct_core.api.codec import CODEC_HEADER, CborCodec, Codec, RawCodec
+from aqueduct_core.api.path import PathSample
 from aqueduct_core.engine import (
     ChannelTerminated,
     Command,
@@ -64,7 +65,9 @@ class Driver(Protocol):
         """Tear the transport down without waiting (the engine already closed)."""
 
     # Optionally ``released``: a future done once the transport let go of its socket, for
-    # a transport whose socket outlives abort() (TLS over TCP closes with a round trip).
+    # a transport whose socket outlives abort() (TLS over TCP closes with a round trip);
+    # and ``path_sample()``: what it measures of the network path now (a PathSample), or
+    # None.
 
 
 def builtin_codecs() -> dict[str, Codec]:
@@ -145,6 +148,13 @@ class Connection:
     def memory(self) -> MemoryReport:
         """Bytes buffered by this connection, per channel and in total."""
         return self._engine.memory()
+
+    def path(self) -> PathSample | None:
+        """What the transport measures of the network path now (cumulative counters: two
+        samples make a :class:`~aqueduct_core.api.path.PathReading`); None when it measures
+        nothing (the in-memory pair, a platform without ``TCP_INFO``)."""
+        sample = getattr(self._driver, "path_sample", None)
+        return sample() if sample is not None and not self.is_closed else None
 
     def flow_stalls(self) -> FlowStalls:
         """How often this side's senders waited for the peer's credit or for the transport."""

@@ -37,6 +37,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from aqueduct_core.api.connection import Connection
+from aqueduct_core.api.path import PathSample
 from aqueduct_core.engine import (
     CloseConnection,
     Command,
@@ -60,6 +61,7 @@ from aqueduct_core.transport.mux_wire import (
     StreamReset,
     TcpSettings,
 )
+from aqueduct_core.transport.tcp_info import tcp_path_sample
 from aqueduct_core.transport.tls import (
     ClientTLS,
     PinMismatch,
@@ -129,6 +131,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._raw = memoryview(bytearray(HANDSHAKE_BUFFER))
         self._buffer = memoryview(b"")
         self._transport: asyncio.Transport | None = None
+        self._sock: Any = None
         self._deadline = 0.0
         self._paused = False
         self._soon: asyncio.Handle | None = None
@@ -149,7 +152,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._transport = transport
         self._deadline = self._loop.time() + self.handshake_timeout
         self.peer = transport.get_extra_info("peername")
-        sock = transport.get_extra_info("socket")
+        sock = self._sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -347,6 +350,11 @@ class TcpProtocol(asyncio.BufferedProtocol):
                 mux.close(cmd.code, cmd.reason)  # type: ignore[union-attr]
         if not self._batch and self._soon is None:
             self._soon = self._loop.call_soon(self._pump)
+
+    def path_sample(self) -> PathSample | None:
+        """The kernel's counters of this connection (``TCP_INFO``), for the compression
+        policy; None where the platform has none."""
+        return None if self._lost else tcp_path_sample(self._sock, self._loop.time())
 
     def abort(self) -> None:
         """The engine ended: send what the multiplexer holds (its CLOSE), then close.

@@ -267,6 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Clients have their own limit (Spark option maxBatchBytes) (default %(default)s)",
     )
     s.add_argument(
+        "--compression",
+        type=_compression,
+        default="auto",
+        metavar="SETTING",
+        help="Arrow IPC body compression of scans whose client leaves it to the service (a "
+        "client's own auto): auto compresses when the network, not the CPU, is the limit, "
+        "measured per connection; none, lz4, zstd or zstd:LEVEL always. A client's fixed "
+        "setting is always honoured; with none, writers are asked not to compress "
+        "(default %(default)s)",
+    )
+    s.add_argument(
         "--max-message-gap",
         type=_positive,
         default=ENGINE_DEFAULTS["max_message_gap"],
@@ -448,6 +459,15 @@ def _talk_options(g: argparse._MutuallyExclusiveGroup, default: object = False) 
         default=default,
         help="log warnings and errors only, no progress bars",
     )
+
+
+def _compression(text: str) -> str:
+    from aqueduct_spark.protocol.compression import Compression
+
+    try:
+        return str(Compression.parse(text, "--compression"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:

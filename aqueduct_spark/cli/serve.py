@@ -142,6 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_scans": args.max_scans,
         "request_window": args.request_window,
         "max_batch_bytes": args.max_batch_bytes,
+        "compression": args.compression,
         "engine": {
             "handshake_timeout": args.handshake_timeout,
             "max_message_gap": args.max_message_gap,
@@ -317,6 +318,7 @@ def _run(main: Any) -> None:
 async def _serve_forever(
     spec: dict[str, Any], banner: dict[str, Any] | None, ready: Any = None
 ) -> None:
+    from aqueduct_spark.protocol.compression import Compression
     from aqueduct_spark.service.server import ServiceConfig, start
 
     config = ServiceConfig(
@@ -329,6 +331,7 @@ async def _serve_forever(
         max_batch_bytes=spec["max_batch_bytes"],
         maintenance=spec["maintenance"],
         staging=spec["staging"],
+        compression=Compression.parse(spec.get("compression", "auto")),
     )
     transport = TransportConfig(
         backend=spec["backend"],

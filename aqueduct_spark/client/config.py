@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_core.transport.config import Transport
+from aqueduct_spark.protocol.compression import Compression
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -39,8 +40,10 @@ class ClientConfig:
     address of the URL) and the pauses between them. A closed port fails long before (the
     host says so: ``retries`` quick attempts, 1-3 s); this bounds a host that answers
     nothing, which cannot be told from a slow one (an overloaded machine: hence not less)."""
-    compression: str = "none"
-    """IPC body compression for data channels: none (best on loopback), lz4, zstd."""
+    compression: str = "auto"
+    """Arrow IPC body compression on data channels: ``auto`` (compress when the network,
+    not the CPU, is the limit: decided per connection from what the transport measures, in
+    both directions), ``none``, ``lz4``, ``zstd`` or ``zstd:LEVEL`` (fixed)."""
     chunk_bytes: int = CHUNK_BYTES
     max_batch_bytes: int = MAX_BATCH_BYTES
     """Largest data message (one encoded Arrow batch) this client sends or accepts; a
@@ -50,6 +53,7 @@ class ClientConfig:
     under both."""
 
     def __post_init__(self) -> None:
+        Compression.parse(self.compression, "ClientConfig.compression")  # ValueError
         given: object = self.transport
         if isinstance(given, str):
             # transport="tcp" (or quic, auto): the choice alone, other settings default.

@@ -59,3 +59,6 @@ class Transaction:
     """Overwrite only the rows matching this SQL condition (begin's ``replace_where``)."""
     max_batch_bytes: int | None = None
     """The service's largest data message, as begin answered (None: it did not say)."""
+    codecs: tuple[str, ...] | None = None
+    """The codecs the service accepts in writes, as begin answered (None: it did not say;
+    such a service decodes whatever an Arrow IPC message declares)."""

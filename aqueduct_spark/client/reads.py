@@ -102,10 +102,8 @@ class Reads(Session):
         skip: int,
     ) -> AsyncIterator[pa.RecordBatch]:
         conn = await self._connection()
-        headers = [
-            (P.H_SCHEMA, P.schema_to_bytes(schema)),
-            (P.H_COMPRESSION, self.config.compression.encode()),
-        ]
+        compression = P.Compression.parse(self.config.compression)
+        headers = [(P.H_SCHEMA, P.schema_to_bytes(schema)), *P.request_headers(compression)]
         tx, rx = channel(headers=headers, codec="raw")
         first = split if isinstance(split, Mapping) else next(iter(split), {})
         await conn.entrypoint.send(

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -66,6 +67,10 @@ class Session:
         self._pinged: tuple[Connection, float] | None = None
         """The connection last pinged by :meth:`_nudge`, and when (monotonic)."""
         self._pings: set[asyncio.Future[None]] = set()
+        self._write_policies: weakref.WeakKeyDictionary[Connection, Any] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each connection's ``auto`` compression of writes (one path, one policy)."""
 
     async def _connection(self) -> Connection:
         conn = self._conn

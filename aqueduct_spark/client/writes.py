@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from aqueduct_core.api import channel, oneshot
+from aqueduct_core.api import Connection, channel, oneshot
 from aqueduct_core.errors import AqueductError, ChannelError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import frames
@@ -55,6 +56,7 @@ class Writes(Session):
             merge_schema,
             replace_where,
             r.get("max_batch_bytes"),
+            tuple(r["codecs"]) if isinstance(r.get("codecs"), list) else None,
         )
 
     async def write_task(
@@ -82,18 +84,27 @@ class Writes(Session):
                 "reply": reply,
             }
         )
-        options = P.ipc_options(self.config.compression)
+        codec = self._write_codec(conn, txn)
         limit = BatchLimit(self.config.max_batch_bytes, txn.max_batch_bytes)
         seq = 0
         try:
             async for batch in _aiter(batches):
                 batch = _conform(batch, target)
+                setting = codec.setting()
                 pieces = P.payloads_within(
-                    batch, options, limit.bytes, limit.too_large, self.config.chunk_bytes
+                    batch,
+                    P.write_options(setting),
+                    limit.bytes,
+                    limit.too_large,
+                    self.config.chunk_bytes,
                 )
+                start = time.perf_counter()
                 for piece, payload in pieces:
+                    took = time.perf_counter() - start
                     await tx.send(payload, headers=[P.batch_header(piece.num_rows, seq)])
+                    codec.sent(conn, setting, piece.nbytes, len(payload), took)
                     seq += 1
+                    start = time.perf_counter()
         except ChannelError:
             _cancel(tx)
             # The service refused the data: its answer says why.
@@ -108,6 +119,18 @@ class Writes(Session):
         tx.finish()
         result = await self._nudged(conn, answer)
         return dict(P.unwrap(result))
+
+    def _write_codec(self, conn: Connection, txn: Transaction) -> WriteCodec:
+        """How this write encodes its batches: the fixed setting, or ``auto`` among the
+        codecs the service accepts, its state kept per connection (one path, one policy)."""
+        setting = P.Compression.parse(self.config.compression)
+        if not setting.auto:
+            return WriteCodec(str(setting), None)
+        codecs = P.accepted_codecs(txn.codecs)
+        policy = self._write_policies.get(conn)
+        if policy is None or tuple(policy.codecs) != codecs:
+            policy = self._write_policies[conn] = P.AutoCompression(codecs)
+        return WriteCodec("none", policy)
 
     async def commit(
         self,
@@ -194,6 +217,25 @@ class Writes(Session):
 
     async def overwrite(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
         return await self.write(name, data, mode="overwrite", **kw)
+
+
+class WriteCodec:
+    """The codec of each batch a write sends (fixed, or ``auto``'s choice)."""
+
+    def __init__(self, fixed: str, policy: P.AutoCompression | None) -> None:
+        self.fixed = fixed
+        self.policy = policy
+
+    def setting(self) -> str:
+        return self.policy.setting() if self.policy is not None else self.fixed
+
+    def sent(self, conn: Connection, setting: str, arrow: int, wire: int, took: float) -> None:
+        """One message went out; ``took``: seconds to encode it (this thread's only work
+        for it: the batches come ready)."""
+        if self.policy is not None:
+            now = time.monotonic()
+            self.policy.sent(setting.partition(":")[0], arrow, wire, took, took, now)
+            self.policy.path(conn.path(), now)
 
 
 def _cancel(tx: Any) -> None:

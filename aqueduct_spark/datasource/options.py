@@ -41,6 +41,7 @@ from aqueduct_spark.datasource.option_values import (
     parse_timestamp,
     size_text,
 )
+from aqueduct_spark.protocol.compression import Compression
 
 if TYPE_CHECKING:
     from aqueduct_spark.client.blocking import Client
@@ -115,7 +116,10 @@ OPTIONS: tuple[Option, ...] = (
         "compression",
         ClientConfig.compression,
         "all",
-        "Arrow IPC body compression on data channels: `none`, `lz4` or `zstd` (helps on slow links).",
+        "Arrow IPC body compression on data channels, both directions. `auto`: compress "
+        "when the network, not the CPU, is the limit (decided per connection from what "
+        "TCP measures, revisited as data flows; the service chooses for reads); `none`, "
+        "`lz4`, `zstd` or `zstd:LEVEL`: always that.",
     ),
     Option(
         "connectTimeout",
@@ -490,8 +494,10 @@ def parse(raw: Mapping[str, str]) -> Options:
         )
     ca = parse_ca("cafile", get("cafile") or "") if get("cafile") else None
     compression = text("compression").lower()
-    if compression not in ("none", "lz4", "zstd"):
-        raise OptionError(f"option 'compression' must be none, lz4 or zstd, got {compression!r}")
+    try:
+        Compression.parse(compression, "option 'compression'")
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     backend = text("backend").lower()
     if backend not in ("auto", "aioquic", "qh3"):
         raise OptionError(f"option 'backend' must be auto, aioquic or qh3, got {backend!r}")

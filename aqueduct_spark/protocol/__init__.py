@@ -29,6 +29,16 @@ if TYPE_CHECKING:
         schema_from_bytes,
         schema_to_bytes,
     )
+    from .compression import (
+        AUTO,
+        CODECS,
+        AutoCompression,
+        Compression,
+        accepted_codecs,
+        negotiate,
+        request_headers,
+        write_options,
+    )
     from .errors import (
         ERRORS,
         Conflict,
@@ -58,6 +68,7 @@ if TYPE_CHECKING:
     from .headers import (
         COMPRESSIONS,
         H_BATCH,
+        H_CODECS,
         H_COMPRESSION,
         H_ERROR,
         H_SCHEMA,
@@ -84,11 +95,14 @@ else:
     __getattr__, __dir__ = attach(__name__, __file__)
 
 __all__ = [
+    "AUTO",
     "BINARY_OPS",
     "CHANGE_FIELDS",
+    "CODECS",
     "COMPRESSIONS",
     "ERRORS",
     "H_BATCH",
+    "H_CODECS",
     "H_COMPRESSION",
     "H_ERROR",
     "H_SCHEMA",
@@ -98,7 +112,9 @@ __all__ = [
     "NOT",
     "PROTOCOL_VERSION",
     "UNARY_OPS",
+    "AutoCompression",
     "CommitResult",
+    "Compression",
     "Conflict",
     "DataLoss",
     "DataMessage",
@@ -117,6 +133,7 @@ __all__ = [
     "Unavailable",
     "VersionInfo",
     "VersionNotFound",
+    "accepted_codecs",
     "batch_header",
     "batch_to_payload",
     "describe_size",
@@ -126,14 +143,17 @@ __all__ = [
     "fail",
     "find_header",
     "ipc_options",
+    "negotiate",
     "ok",
     "pack_tasks",
     "payloads_within",
     "read_data_message",
+    "request_headers",
     "require_int",
     "schema_from_bytes",
     "schema_to_bytes",
     "staged_list",
     "to_wire_filters",
     "unwrap",
+    "write_options",
 ]

@@ -11,8 +11,9 @@ from typing import Any
 import cbor2
 import pyarrow as pa
 
+from .compression import Compression
 from .errors import DatasetError, InvalidRequest, error_to_wire
-from .headers import COMPRESSIONS, H_BATCH, H_ERROR
+from .headers import H_BATCH, H_ERROR
 from .ipc_meta import declared
 
 
@@ -28,9 +29,14 @@ def schema_from_bytes(data: bytes | bytearray | memoryview) -> pa.Schema:
 
 
 def ipc_options(compression: str) -> pa.ipc.IpcWriteOptions:
-    if compression not in COMPRESSIONS:
-        raise InvalidRequest(f"unknown compression {compression!r}: use one of {COMPRESSIONS}")
-    return pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    """The IPC write options of a fixed setting: none, lz4, zstd or zstd:LEVEL."""
+    try:
+        setting = Compression.parse(compression)
+    except ValueError as exc:
+        raise InvalidRequest(f"unknown compression {compression!r}: {exc}") from exc
+    if setting.auto:
+        raise InvalidRequest("compression 'auto' chooses per batch; give a fixed setting here")
+    return setting.options()
 
 
 class _Collect:
@@ -78,6 +84,8 @@ class DataMessage:
     message: pa.ipc.Message
     size: int
     compressed: bool
+    codec: str = "none"
+    """How its body is compressed: ``none``, ``lz4`` or ``zstd``."""
 
     def decode(self, schema: pa.Schema) -> pa.RecordBatch:
         """The record batch (zero-copy on the payload unless compressed), checked to be
@@ -109,7 +117,7 @@ def read_data_message(data: Any) -> DataMessage:
     size = len(data)
     if found.compressed:
         size = max(size, message.metadata.size + found.decoded)
-    return DataMessage(message, size, found.compressed)
+    return DataMessage(message, size, found.compressed, found.codec)
 
 
 def payloads_within(

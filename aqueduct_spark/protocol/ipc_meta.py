@@ -33,6 +33,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+_U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -63,9 +64,12 @@ class Declared:
     decoded: int
     """The buffers' sizes once decoded: each compressed one at the length it declares, each
     stored one at its own length; 0 for an uncompressed body."""
+    codec: str = "none"
+    """The body's codec: ``none``, ``lz4`` (LZ4_FRAME) or ``zstd``."""
 
 
 _PLAIN = Declared(compressed=False, decoded=0)
+_CODECS = {0: "lz4", 1: "zstd"}  # BodyCompression.codec (CompressionType; LZ4_FRAME default)
 
 
 def _read(fmt: struct.Struct, data: bytes, pos: int) -> Any:
@@ -99,11 +103,14 @@ def declared(metadata: Any, body: Any) -> Declared:
         if header is None:
             raise _Malformed("an IPC message without a header")
         batch = _follow(data, header)
-        if _field(data, batch, _BATCH_COMPRESSION) is None:
+        compression = _field(data, batch, _BATCH_COMPRESSION)
+        if compression is None:
             return _PLAIN
+        kind = _field(data, _follow(data, compression), 0)  # BodyCompression.codec
+        codec = _CODECS.get(_read(_U8, data, kind) if kind is not None else 0, "unknown")
         buffers = _field(data, batch, _BATCH_BUFFERS)
         if buffers is None:
-            return Declared(compressed=True, decoded=0)
+            return Declared(compressed=True, decoded=0, codec=codec)
         start = _follow(data, buffers)
         count = _read(_U32, data, start)
     except struct.error:
@@ -111,7 +118,8 @@ def declared(metadata: Any, body: Any) -> Declared:
     entries = data[start + 4 : start + 4 + count * _BUFFER.size]
     if len(entries) != count * _BUFFER.size:
         raise _Malformed("the buffer list of an IPC message runs past its metadata")
-    return Declared(compressed=True, decoded=_decoded_size(entries, memoryview(body).cast("B")))
+    decoded = _decoded_size(entries, memoryview(body).cast("B"))
+    return Declared(compressed=True, decoded=decoded, codec=codec)
 
 
 def _decoded_size(entries: bytes, body: memoryview) -> int:

@@ -24,9 +24,9 @@ MIB = 2**20
 
 def stage_batch(
     stage: Callable[[pa.RecordBatch], None], payload: Any, schema: pa.Schema, limit: int
-) -> int:
+) -> tuple[int, int, str]:
     """Check one data message of a write against ``limit`` (``--max-batch-bytes``), decode
-    and stage it; its rows. Runs on a worker thread: the event loop never decompresses, at
+    and stage it; its rows, Arrow bytes and body compression. Runs on a worker thread: the event loop never decompresses, at
     most ``threads`` messages are being decoded at once however many writes are in flight,
     and the messages waiting for a thread wait as they arrived (compressed, within their
     channel's flow window)."""
@@ -39,7 +39,7 @@ def stage_batch(
         )
     batch = message.decode(schema)
     stage(batch)
-    return int(batch.num_rows)
+    return int(batch.num_rows), int(batch.nbytes), message.codec
 
 
 def reader_limit(req: dict[str, Any]) -> int | None:
@@ -56,10 +56,11 @@ def reader_limit(req: dict[str, Any]) -> int | None:
 
 def payloads_for_reader(
     batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions, limit: int | None
-) -> Iterator[tuple[Any, int]]:
-    """A scan's batch as data messages within its reader's limit, each with its rows."""
+) -> Iterator[tuple[Any, pa.RecordBatch]]:
+    """A scan's batch as data messages within its reader's limit, each with the slice of
+    the batch it holds."""
     if limit is None:
-        yield P.batch_to_payload(batch, options), batch.num_rows
+        yield P.batch_to_payload(batch, options), batch
         return
 
     def too_large(size: int) -> P.DatasetError:
@@ -70,4 +71,4 @@ def payloads_for_reader(
         )
 
     for piece, payload in P.payloads_within(batch, options, limit, too_large):
-        yield payload, piece.num_rows
+        yield payload, piece

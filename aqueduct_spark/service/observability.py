@@ -195,6 +195,20 @@ class Metrics:
             ["direction"],
             registry=reg,
         )
+        self.arrow_bytes = Counter(
+            "aqueduct_arrow_bytes",
+            "Arrow data bytes (uncompressed) received in writes (in) and sent in scans (out); "
+            "against aqueduct_bytes, what compression saved.",
+            ["direction"],
+            registry=reg,
+        )
+        self.messages = Counter(
+            "aqueduct_data_messages",
+            "Data messages (Arrow batches) received in writes (in) and sent in scans (out), "
+            "by body compression (none, lz4, zstd): what `auto` chose.",
+            ["direction", "compression"],
+            registry=reg,
+        )
         self.commits = Counter(
             "aqueduct_commits",
             "Requests answered with a new version (commit, compact, restore, delete).",
@@ -209,6 +223,7 @@ class Metrics:
         for direction in ("in", "out"):  # present (as 0) before the first write or scan
             self.rows.labels(direction)
             self.bytes.labels(direction)
+            self.arrow_bytes.labels(direction)
 
 
 # -- requests -----------------------------------------------------------------------------
@@ -229,6 +244,10 @@ class RequestRecord:
     bytes: int = 0
     staged: int | None = None
     """Bytes a write left staged on the store (its files' sizes)."""
+    arrow: int = 0
+    """Arrow bytes of those data messages, uncompressed."""
+    codecs: dict[str, int] = field(default_factory=dict)
+    """Data messages by body compression, in the order first seen."""
     error: P.DatasetError | None = None
 
 
@@ -238,11 +257,19 @@ _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
 
 
 def note(
-    *, rows: int = 0, nbytes: int = 0, direction: str = "in", staged: int | None = None
+    *,
+    rows: int = 0,
+    nbytes: int = 0,
+    direction: str = "in",
+    staged: int | None = None,
+    arrow: int = 0,
+    codec: str | None = None,
 ) -> None:
     """Count rows and payload bytes the current request moved (``in``: received from the
-    client, ``out``: sent to it), and the bytes a write ``staged``. The metrics move at once,
-    the access line at the end. Outside a request (no observer) it does nothing."""
+    client, ``out``: sent to it), and the bytes a write ``staged``; for one data message
+    also its Arrow bytes (uncompressed) and its body compression (``codec``). The metrics
+    move at once, the access line at the end. Outside a request (no observer) it does
+    nothing."""
     record = _current.get()
     if record is None:
         return
@@ -250,11 +277,17 @@ def note(
         record.staged = (record.staged or 0) + staged
     record.rows += rows
     record.bytes += nbytes
+    record.arrow += arrow
     metrics = record.observer.metrics
     if rows:
         metrics.rows.labels(direction).inc(rows)
     if nbytes:
         metrics.bytes.labels(direction).inc(nbytes)
+    if arrow:
+        metrics.arrow_bytes.labels(direction).inc(arrow)
+    if codec is not None:
+        record.codecs[codec] = record.codecs.get(codec, 0) + 1
+        metrics.messages.labels(direction, codec).inc()
 
 
 def failed(error: P.DatasetError) -> None:
@@ -427,6 +460,11 @@ class Observer:
             "dataset": record.dataset or "-",
             "rows": record.rows,
             "bytes": record.bytes,
+        }
+        if record.codecs:  # a scan or write: what compression did
+            fields["arrow_bytes"] = record.arrow
+            fields["compression"] = ",".join(f"{c}:{n}" for c, n in record.codecs.items())
+        fields |= {
             "duration_ms": round(seconds * 1000, 1),
             "outcome": outcome,
         }

@@ -70,6 +70,8 @@ class Operations:
         """Target size of one scan split when the request does not say."""
         self.max_batch_bytes = max_batch_bytes
         """Largest data message a write may send: begin tells the client."""
+        self.codecs: list[str] = list(P.CODECS)
+        """The codecs writers may compress with (``auto`` chooses among them): begin says."""
         self.by_op: dict[str, Callable[[dict[str, Any]], Any]] = {
             "list": self.list_datasets,
             "describe": self.describe,
@@ -156,6 +158,7 @@ class Operations:
                 tuple(field(req, "partition_by", list, [])) if snap is None else snap.partition_by
             ),
             "max_batch_bytes": self.max_batch_bytes,
+            "codecs": self.codecs,
         }
 
     def commit(self, req: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
@@ -37,11 +38,12 @@ from aqueduct_spark import protocol as P
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, REQUEST_WINDOW, FairPool, Session
-from aqueduct_spark.service.batch_limits import payloads_for_reader, reader_limit, stage_batch
+from aqueduct_spark.service.batch_limits import reader_limit, stage_batch
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
+from aqueduct_spark.service.scan_codec import ConnectionCodecs, encoded
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.transactions import StagingConfig, Transactions
 from aqueduct_spark.service.watch import LogWatch
@@ -96,6 +98,10 @@ class ServiceConfig:
     """Checkpoints, log cleanup, compaction and vacuum after commits (off unless enabled)."""
     staging: StagingConfig = dataclass_field(default_factory=StagingConfig)
     """Quotas on staged, uncommitted data and the lifetime of idle write transactions."""
+    compression: P.Compression = P.AUTO
+    """Scans whose reader leaves the codec to the service (its ``auto``): ``auto`` (compress
+    when the network, not the CPU, is the limit), ``none``, or a fixed codec
+    (``--compression``). A reader's fixed setting is always honoured."""
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "max_scans", "request_window", "threads"):
@@ -199,17 +205,18 @@ class DatasetService:
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.store = Store(config.root, config.storage_options)
+        self._subscribers: dict[str, set[_Subscriber]] = {}
+        self._poller: asyncio.Task[None] | None = None
         self.access = AccessPolicy.of(config.token, config.access.grants)
         self._pool = FairPool(config.threads)
         self.transactions = Transactions(
             self.store, config.staging, self._pool, per_token=self.access.requires_token
         )
         """Staging quotas and the lifetime of idle write transactions."""
-        self._ops = Operations(
-            self.store, config.split_bytes, config.max_batch_bytes, self.transactions
-        ).by_op
-        self._subscribers: dict[str, set[_Subscriber]] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self.compression = ConnectionCodecs(config.compression)
+        ops = Operations(self.store, config.split_bytes, config.max_batch_bytes, self.transactions)
+        ops.codecs = self.compression.accepted()
+        self._ops = ops.by_op
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
         self.observer = Observer({*self._ops, "ping", "status", "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
@@ -303,7 +310,7 @@ class DatasetService:
             elif op == "status":
                 self._reply(req, P.ok(self.transactions.status(grant, conn)))
             elif op == "scan":
-                await self._scan(req, session)
+                await self._scan(req, session, conn)
             elif op == "write":
                 await self._write(req, session, grant, conn)
             elif op == "subscribe":
@@ -390,7 +397,7 @@ class DatasetService:
 
     # -- streaming operations ---------------------------------------------------------
 
-    async def _scan(self, req: dict[str, Any], session: Session) -> None:
+    async def _scan(self, req: dict[str, Any], session: Session, conn: Connection | None) -> None:
         out = field(req, "out", Sender)
         if session.scans >= session.max_scans:
             raise P.Unavailable(
@@ -401,19 +408,19 @@ class DatasetService:
             )
         session.scans += 1
         try:
-            await self._stream_scan(req, out, session)
+            await self._stream_scan(req, out, session, conn)
         finally:
             session.scans -= 1
 
-    async def _stream_scan(self, req: dict[str, Any], out: Sender, session: Session) -> None:
+    async def _stream_scan(
+        self, req: dict[str, Any], out: Sender, session: Session, conn: Connection | None
+    ) -> None:
         # "splits" (a plan's task, several scanned as one) or "split" (one: the first form):
         # the very splits whose dataset authorize checked
         raws, many = scan_splits(req)
         columns = field(req, "columns", list, None)
         expression = binding.Condition.from_wire(req.get("filters"))
-        options = P.ipc_options(
-            (P.find_header(out.headers, P.H_COMPRESSION) or b"none").decode("ascii", "replace")
-        )
+        codec = self.compression.for_scan(out, conn)
         wanted = P.find_header(out.headers, P.H_SCHEMA)
         target = P.schema_from_bytes(wanted) if wanted else None
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
@@ -442,21 +449,20 @@ class DatasetService:
                 batch_rows=batch_rows,
             )
 
-        def produce() -> Iterator[tuple[Any, int]]:
+        def cast_all() -> Iterator[pa.RecordBatch]:
             for batch in scan_all():
-                if target is not None and batch.schema != target:
-                    batch = _cast(batch, target)
-                yield from payloads_for_reader(batch, options, limit)
+                yield batch if target is None or batch.schema == target else _cast(batch, target)
 
-        batches = produce()
+        messages = encoded(cast_all(), codec.setting, limit)
         seq = 0
         while True:
-            item = await self._pool.run(session, next, batches, None)
+            item, work = await self._pool.run(session, _timed_next, messages)
             if item is None:
                 break
-            payload, rows = item
-            await out.send(payload, headers=[P.batch_header(rows, seq)])
-            note(rows=rows, nbytes=len(payload), direction="out")
+            await out.send(item.payload, headers=[P.batch_header(item.rows, seq)])
+            nbytes, codec_used = len(item.payload), item.setting.partition(":")[0]
+            note(rows=item.rows, nbytes=nbytes, direction="out", arrow=item.arrow, codec=codec_used)
+            codec.sent(conn, item, work)
             seq += 1
         out.finish()
 
@@ -487,11 +493,12 @@ class DatasetService:
                 if error is not None:
                     raise P.error_from_wire(cbor2.loads(error))
                 limit = self.config.max_batch_bytes
-                added = await self._pool.run(
+                added, arrow, codec = await self._pool.run(
                     session, stage_batch, writer.write, delivery.value, schema, limit
                 )
                 rows += added
-                note(rows=added, nbytes=len(delivery.value), direction="in")
+                nbytes = len(delivery.value)
+                note(rows=added, nbytes=nbytes, direction="in", arrow=arrow, codec=codec)
             staged = await self._pool.run(session, writer.close)
             note(staged=sum(f.size for f in staged))
         except BaseException:
@@ -528,6 +535,13 @@ class _Subscriber:
             self._changed.clear()
             await self._changed.wait()
         return self.latest
+
+
+def _timed_next(items: Iterator[Any]) -> tuple[Any, float]:
+    """The next item (None at the end) and the seconds this thread took to make it."""
+    start = time.perf_counter()
+    item = next(items, None)
+    return item, time.perf_counter() - start
 
 
 def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:

@@ -1,0 +1,344 @@
+"""Arrow IPC body compression on data channels: the setting, what a reader offers, and the
+``auto`` policy that decides batch by batch from what the connection measures.
+
+Every data message is one Arrow IPC record batch message, and each declares its own body
+compression (LZ4 frame or zstd, per buffer): any Arrow reader decodes it, and the choice may
+change from one batch to the next. So the sender decides alone, per batch:
+
+- a fixed setting (``none``, ``lz4``, ``zstd``, ``zstd:LEVEL``) is used for every batch;
+- ``auto`` compresses when the network path, not the CPU, is the limit, and only when the
+  codec is fast enough to gain from it (:class:`AutoCompression`).
+
+Scans: the reader asks with channel headers. A fixed setting goes in ``aqds-compression``
+(old services understand ``none``, ``lz4`` and ``zstd``); ``auto`` sends ``none`` there (what
+an old service then does) and the codecs it decodes in ``aqds-codecs``, leaving the choice to
+the service (:func:`negotiate`). Writes: the writer decides, among the codecs the service's
+``begin`` answer says it accepts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import InvalidRequest
+from .headers import H_CODECS, H_COMPRESSION
+
+if TYPE_CHECKING:  # both imported where used: the Spark options check imports this module
+    import pyarrow as pa
+
+    from aqueduct_core.api.path import PathReading, PathSample
+
+CODECS = ("lz4", "zstd")
+"""The codecs an Arrow IPC message can declare, in the order ``auto`` prefers them."""
+SETTINGS = ("auto", "none", *CODECS)
+ZSTD_LEVELS = (-7, 22)
+"""The zstd levels a setting may name (negative: faster, larger)."""
+AUTO_LEVEL = {"lz4": None, "zstd": 1}
+"""The level ``auto`` compresses at (None: the codec's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compression:
+    """A compression setting: ``auto``, ``none``, ``lz4``, or ``zstd`` with an optional
+    level (``zstd:3``; zstd takes -7 to 22, higher is smaller and slower)."""
+
+    codec: str
+    level: int | None = None
+
+    @classmethod
+    def parse(cls, text: str, where: str = "compression") -> Compression:
+        """``text`` as a setting; ValueError naming ``where`` and the values it takes."""
+        name, _, level = str(text).strip().lower().partition(":")
+        if name not in SETTINGS or (level and name != "zstd"):
+            raise ValueError(
+                f"{where} must be auto, none, lz4, zstd or zstd:LEVEL (e.g. zstd:3), got {text!r}"
+            )
+        if not level:
+            return cls(name)
+        value = int(level) if level.lstrip("-").isdigit() else None
+        if value is None or not ZSTD_LEVELS[0] <= value <= ZSTD_LEVELS[1]:
+            raise ValueError(
+                f"{where}: the zstd level must be {ZSTD_LEVELS[0]} to {ZSTD_LEVELS[1]}, "
+                f"got {level!r}"
+            )
+        return cls(name, value)
+
+    def __str__(self) -> str:
+        return self.codec if self.level is None else f"{self.codec}:{self.level}"
+
+    @property
+    def auto(self) -> bool:
+        return self.codec == "auto"
+
+    def options(self) -> pa.ipc.IpcWriteOptions:
+        """The IPC write options of a fixed setting (``auto`` has none of its own)."""
+        if self.auto:
+            raise ValueError("'auto' chooses a codec per batch: ask AutoCompression.codec()")
+        return write_options(str(self))
+
+
+AUTO = Compression("auto")
+NONE = Compression("none")
+
+
+@functools.lru_cache(maxsize=64)
+def write_options(setting: str) -> pa.ipc.IpcWriteOptions:
+    """IPC write options for ``none``, ``lz4``, ``zstd`` or ``zstd:LEVEL`` (kept: one per
+    setting, asked for once per batch)."""
+    import pyarrow as pa
+
+    name, _, level = setting.partition(":")
+    if name == "none":
+        return pa.ipc.IpcWriteOptions()
+    codec = pa.Codec(name, int(level)) if level else pa.Codec(name)
+    return pa.ipc.IpcWriteOptions(compression=codec)
+
+
+def auto_setting(codec: str) -> str:
+    """The setting ``auto`` encodes with when it chose ``codec``."""
+    level = AUTO_LEVEL.get(codec)
+    return codec if level is None else f"{codec}:{level}"
+
+
+def request_headers(setting: Compression) -> list[tuple[bytes, bytes]]:
+    """The channel headers a reader sends with a scan for ``setting``."""
+    if setting.auto:
+        return [(H_COMPRESSION, b"none"), (H_CODECS, ",".join(CODECS).encode())]
+    return [(H_COMPRESSION, str(setting).encode())]
+
+
+def negotiate(
+    requested: bytes | None, offered: bytes | None, service: Compression
+) -> tuple[Compression, tuple[str, ...]]:
+    """What a scan's sender uses: the reader's fixed setting, honoured; or, when the reader
+    offered codecs (its setting is ``auto``), the service's own setting (``--compression``)
+    among them: ``auto`` (returned with the codecs it may choose from), ``none``, or a fixed
+    codec if the reader offered it (else ``none``). A reader that sends neither header (an
+    old client) gets ``none``."""
+    if offered is not None:
+        text = offered.decode("ascii", "replace")
+        codecs = tuple(c for c in CODECS if c in {x.strip().lower() for x in text.split(",")})
+        if service.auto:
+            return (AUTO, codecs) if codecs else (NONE, ())
+        if service.codec in codecs:
+            return service, ()
+        return NONE, ()
+    text = (requested or b"none").decode("ascii", "replace")
+    try:
+        fixed = Compression.parse(text, "the channel's compression")
+    except ValueError as exc:
+        raise InvalidRequest(f"unknown compression {text!r}: {exc}") from exc
+    if fixed.auto:
+        raise InvalidRequest(
+            "compression 'auto' is asked for with the codecs the reader decodes (header "
+            "aqds-codecs), not in the compression header; send none there"
+        )
+    return fixed, ()
+
+
+def accepted_codecs(answer: Iterable[str] | None) -> tuple[str, ...]:
+    """The codecs a service's ``begin`` answer says it accepts in writes (``codecs``); a
+    service that does not say (older) decodes what any Arrow IPC message declares."""
+    if answer is None:
+        return CODECS
+    wanted = {str(c).lower() for c in answer}
+    return tuple(c for c in CODECS if c in wanted)
+
+
+# -- auto --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Rates:
+    """Decaying sums of what one codec did: Arrow bytes in, bytes out, encoding seconds."""
+
+    arrow: float = 0.0
+    wire: float = 0.0
+    seconds: float = 0.0
+    at: float = 0.0
+
+    def add(self, arrow: int, wire: int, seconds: float, now: float, keep: float) -> None:
+        self.arrow = self.arrow * keep + arrow
+        self.wire = self.wire * keep + wire
+        self.seconds = self.seconds * keep + seconds
+        self.at = now
+
+    @property
+    def ratio(self) -> float:
+        return self.wire / self.arrow if self.arrow else 1.0
+
+    @property
+    def speed(self) -> float:
+        """Arrow bytes encoded per second of the sender's thread."""
+        return self.arrow / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What ``auto`` knows when it decides: the link's rate while it was the limit, and for
+    each codec its ratio (wire bytes per Arrow byte) and the sender's rate with it."""
+
+    link: float
+    ratios: dict[str, float]
+    sender: dict[str, float]
+
+    def rate(self, codec: str) -> float:
+        """Arrow bytes per second the path would carry with ``codec``: the link's rate over
+        the codec's ratio, or the sender's own rate with the codec if that is lower (the
+        codec runs beside the network, on the sender's thread)."""
+        if codec == "none":
+            return min(self.link, self.sender.get("none", float("inf")))
+        return min(self.link / max(self.ratios[codec], 1e-6), self.sender[codec])
+
+
+def choose(
+    current: str, reading: PathReading, arrow_rate: float, estimate: Estimate, margin: float
+) -> str:
+    """The codec for the next interval, from one interval's reading (a pure function).
+
+    - The network was the limit: the codec with the highest predicted rate
+      (:meth:`Estimate.rate`), if it beats the current one by more than ``margin``.
+    - It was not (our CPU, the reader's, or the application was), and no codec is in use:
+      stay uncompressed; compressing would only add work where the work is the limit.
+    - It was not, and a codec is in use: keep it while the Arrow bytes it moves per second
+      (``arrow_rate``) beat the link's uncompressed rate by ``margin``; otherwise a cheaper
+      codec that is predicted to, or none.
+    """
+    if reading.link_limited:
+        best = max(estimate.ratios, key=estimate.rate, default=current)
+        if estimate.rate(best) > estimate.rate(current) * (1 + margin):
+            return best
+        return current
+    if current == "none" or arrow_rate > estimate.link * (1 + margin):
+        return current
+    cheaper = [
+        c
+        for c in estimate.ratios
+        if c != current and estimate.sender[c] > estimate.sender.get(current, 0.0)
+    ]
+    for codec in sorted(cheaper, key=estimate.rate, reverse=True):
+        if estimate.rate(codec) > estimate.link * (1 + margin):
+            return codec
+    return "none"
+
+
+@dataclass
+class AutoCompression:
+    """``auto`` for one connection's data channels in one direction: asked for a codec per
+    batch (:meth:`codec`), told what each batch cost (:meth:`sent`) and what the transport
+    measured (:meth:`path`), it decides once per ``interval``:
+
+    - uncompressed, as long as the network is not the limit (an interval where data waited
+      to go out nearly all the time, not held back by the reader's window);
+    - once it is, one batch is compressed with each offered codec it has not measured (or
+      not for ``revisit`` seconds): its ratio and speed on this data;
+    - then the codec predicted to move the most Arrow bytes per second (the link's rate over
+      the ratio, capped by how fast the sender encodes), if it gains more than ``margin``,
+      agreed by ``settle`` intervals in a row; and back (or to a cheaper codec) when a codec
+      no longer beats the link's uncompressed rate, the CPU having become the limit.
+
+    Sans-IO: the caller passes the clock and the transport's samples.
+    """
+
+    codecs: Sequence[str] = CODECS
+    interval: float = 0.1
+    margin: float = 0.15
+    settle: int = 2
+    revisit: float = 30.0
+    keep: float = 0.8
+    """Weight of what was measured before, per message (recent batches count most)."""
+    current: str = "none"
+    link: float | None = None
+    """The link's rate (wire bytes/s) the last time it was the limit."""
+    link_at: float = 0.0
+    switches: int = 0
+    _rates: dict[str, _Rates] = field(default_factory=dict)
+    _other: _Rates = field(default_factory=_Rates)
+    _probe: list[str] = field(default_factory=list)
+    _last: PathSample | None = None
+    _arrow: int = 0
+    _wire: int = 0
+    _votes: int = 0
+    _wanted: str = "none"
+
+    def codec(self) -> str:
+        """The codec for the next batch: ``none``, ``lz4`` or ``zstd``."""
+        return self._probe[0] if self._probe else self.current
+
+    def setting(self) -> str:
+        """The next batch's codec as a setting (``zstd:1``): :func:`write_options` of it."""
+        return auto_setting(self.codec())
+
+    def sent(
+        self, codec: str, arrow: int, wire: int, encode: float, work: float, now: float
+    ) -> None:
+        """One batch went out with ``codec``: ``arrow`` bytes of Arrow data as ``wire`` bytes,
+        ``encode`` seconds of encoding, ``work`` seconds of the sender's thread for it in all
+        (reading and decoding the data included)."""
+        self._rates.setdefault(codec, _Rates()).add(arrow, wire, encode, now, self.keep)
+        self._other.add(arrow, 0, max(work - encode, 0.0), now, self.keep)
+        self._arrow += arrow
+        self._wire += wire
+        if self._probe and self._probe[0] == codec:
+            self._probe.pop(0)
+
+    def path(self, sample: PathSample | None, now: float) -> bool:
+        """A sample of the transport's counters; True if the codec changed (decisions are
+        taken once per ``interval`` of samples)."""
+        if sample is None:
+            return False
+        from aqueduct_core.api.path import PathReading
+
+        last = self._last
+        if last is None or sample.at - last.at < self.interval:
+            if last is None:
+                self._last = sample
+            return False
+        self._last = sample
+        arrow, wire = self._arrow, self._wire
+        self._arrow = self._wire = 0
+        reading = PathReading.between(last, sample)
+        if reading is None or not wire:
+            return False  # nothing of ours went out: the interval tells nothing
+        if reading.link_limited:
+            self.link, self.link_at = reading.link_rate, now
+            if self._probe_due(now):
+                return False
+        if self.link is None:
+            return False  # never limited by the network: nothing to gain
+        if self.current != "none" and now - self.link_at > self.revisit:
+            wanted = "none"  # compressing for long with the CPU the limit: is the link still slow?
+        else:
+            arrow_rate = reading.delivered * arrow / wire / reading.seconds
+            wanted = choose(self.current, reading, arrow_rate, self._estimate(), self.margin)
+        return self._vote(wanted)
+
+    def _probe_due(self, now: float) -> bool:
+        """Queue one compressed batch of each codec not measured lately."""
+        stale = [
+            c for c in self.codecs if c not in self._rates or now - self._rates[c].at > self.revisit
+        ]
+        self._probe = [c for c in stale if c not in self._probe] + self._probe
+        return bool(self._probe)
+
+    def _estimate(self) -> Estimate:
+        other = self._other.seconds / self._other.arrow if self._other.arrow else 0.0
+        measured = {c: r for c, r in self._rates.items() if c in (*self.codecs, "none")}
+        sender = {c: 1 / (other + 1 / r.speed) if r.speed > 0 else 0.0 for c, r in measured.items()}
+        ratios = {c: r.ratio for c, r in measured.items() if c != "none"}
+        return Estimate(self.link or 0.0, ratios, sender)
+
+    def _vote(self, wanted: str) -> bool:
+        if wanted == self.current:
+            self._votes = 0
+            return False
+        self._votes = self._votes + 1 if wanted == self._wanted else 1
+        self._wanted = wanted
+        if self._votes < self.settle:
+            return False
+        self.current, self._votes = wanted, 0
+        self.switches += 1
+        return True

@@ -1,0 +1,116 @@
+"""The codec of each batch a scan sends: the reader's fixed setting, or ``auto`` decided per
+connection from what its transport measures (``protocol.compression``).
+
+The send path asks :meth:`ScanCodec.setting` once per batch and reports each message back
+(:meth:`ScanCodec.sent`); encoding runs on the service's worker threads (:func:`encoded`),
+timed there, so the policy learns what each codec costs on this data. A connection's
+``auto`` state lives as long as the connection, shared by its scans: the next scan starts
+where the last one left (the path is the same).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from aqueduct_core.api import Connection, Sender
+from aqueduct_spark import protocol as P
+from aqueduct_spark.service.batch_limits import payloads_for_reader
+
+log = logging.getLogger("aqueduct.service")
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One data message of a scan, and what making it took on the worker thread."""
+
+    payload: Any
+    rows: int
+    arrow: int
+    """Arrow bytes of the batch (uncompressed)."""
+    setting: str
+    """How it was encoded: ``none``, ``lz4``, ``zstd:1``, ..."""
+    encode: float
+    """Seconds spent encoding (and compressing) it."""
+
+
+def encoded(
+    batches: Iterator[pa.RecordBatch], setting: Callable[[], str], limit: int | None
+) -> Iterator[Encoded]:
+    """``batches`` as data messages within the reader's ``limit``, each batch encoded as
+    ``setting()`` says when its turn comes."""
+    for batch in batches:
+        chosen = setting()
+        options = P.write_options(chosen)
+        start = time.perf_counter()
+        for payload, piece in payloads_for_reader(batch, options, limit):
+            took = time.perf_counter() - start
+            yield Encoded(payload, piece.num_rows, piece.nbytes, chosen, took)
+            start = time.perf_counter()
+
+
+class ScanCodec:
+    """The codec choice of one scan."""
+
+    def __init__(self, fixed: P.Compression, policy: P.AutoCompression | None) -> None:
+        self.fixed = str(fixed)
+        self.policy = policy
+
+    def setting(self) -> str:
+        """How to encode the next batch."""
+        return self.policy.setting() if self.policy is not None else self.fixed
+
+    def sent(self, conn: Connection | None, item: Encoded, work: float) -> None:
+        """``item`` went out; ``work``: the worker thread's seconds for it in all."""
+        policy = self.policy
+        if policy is None or conn is None:
+            return
+        now = time.monotonic()
+        codec = item.setting.partition(":")[0]
+        policy.sent(codec, item.arrow, len(item.payload), item.encode, work, now)
+        if policy.path(conn.path(), now):
+            mb = (policy.link or 0) / 1e6
+            log.debug(
+                "compression for %s now %s (link %.0f MB/s while it was the limit)",
+                conn.peer,
+                policy.current,
+                mb,
+            )
+
+
+class ConnectionCodecs:
+    """The ``auto`` state of each open connection (dropped with the connection)."""
+
+    def __init__(self, setting: P.Compression) -> None:
+        self.setting = setting
+        """The service's own setting (``--compression``) for readers that leave it to us."""
+        self._auto: weakref.WeakKeyDictionary[Connection, P.AutoCompression] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def for_scan(self, out: Sender, conn: Connection | None) -> ScanCodec:
+        """The codec choice for a scan whose reader sent ``out``'s headers."""
+        fixed, codecs = P.negotiate(
+            P.find_header(out.headers, P.H_COMPRESSION),
+            P.find_header(out.headers, P.H_CODECS),
+            self.setting,
+        )
+        if not fixed.auto:
+            return ScanCodec(fixed, None)
+        if conn is None:
+            return ScanCodec(P.Compression("none"), None)
+        policy = self._auto.get(conn)
+        if policy is None or tuple(policy.codecs) != codecs:
+            policy = self._auto[conn] = P.AutoCompression(codecs)
+        return ScanCodec(fixed, policy)
+
+    def accepted(self) -> list[str]:
+        """The codecs writers may compress with, as ``begin`` answers (none when the
+        service's setting is ``none``: it would rather spend no CPU decompressing)."""
+        return [] if self.setting.codec == "none" else list(P.CODECS)

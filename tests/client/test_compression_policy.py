@@ -1,0 +1,179 @@
+"""The compression settings, what a reader offers and the service answers, and ``auto``'s
+decisions as pure functions over measured numbers (no sockets, no clock): the policy is
+fed transport samples and batch costs a test makes up. The same policy over a real shaped
+link is in ``tests/service/test_auto_compression.py``."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aqueduct_core.api.path import PathReading, PathSample
+from aqueduct_spark import protocol as P
+from aqueduct_spark.client import ClientConfig
+from aqueduct_spark.protocol.compression import AutoCompression, Estimate, choose
+
+MB = 1_000_000
+
+
+# -- settings and negotiation -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "codec", "level"),
+    [("auto", "auto", None), ("NONE", "none", None), ("lz4", "lz4", None), ("zstd:3", "zstd", 3)],
+)
+def test_settings_parse(text: str, codec: str, level: int | None) -> None:
+    setting = P.Compression.parse(text)
+    assert (setting.codec, setting.level) == (codec, level)
+
+
+@pytest.mark.parametrize("text", ["gzip", "lz4:3", "zstd:99", "zstd:x", ""])
+def test_a_bad_setting_names_the_values(text: str) -> None:
+    with pytest.raises(ValueError, match=r"auto, none, lz4, zstd|zstd level"):
+        P.Compression.parse(text)
+    with pytest.raises(ValueError, match=r"ClientConfig\.compression"):
+        ClientConfig("tcp://h:1", compression=text)
+
+
+def test_the_client_default_is_auto_and_offers_both_codecs() -> None:
+    setting = P.Compression.parse(ClientConfig("tcp://h:1").compression)
+    assert setting.auto
+    headers = dict(P.request_headers(setting))
+    # an old service reads 'none' (what it then sends); a new one reads the offer
+    assert headers == {P.H_COMPRESSION: b"none", P.H_CODECS: b"lz4,zstd"}
+
+
+def test_a_reader_offering_only_lz4_gets_lz4_or_none() -> None:
+    for service in ("auto", "lz4", "zstd", "none"):
+        got, codecs = P.negotiate(b"none", b"lz4", P.Compression.parse(service))
+        assert got.codec in ("auto", "lz4", "none")
+        if got.auto:
+            assert codecs == ("lz4",)
+    assert P.negotiate(b"none", b"lz4", P.Compression.parse("zstd"))[0].codec == "none"
+    assert P.negotiate(b"none", b"brotli", P.AUTO)[0].codec == "none"
+
+
+def test_an_old_reader_that_offers_nothing_gets_none_and_fixed_settings_are_honoured() -> None:
+    assert P.negotiate(None, None, P.AUTO) == (P.Compression("none"), ())
+    assert P.negotiate(b"zstd:5", None, P.Compression("none")) == (P.Compression("zstd", 5), ())
+    assert P.negotiate(b"lz4", None, P.AUTO)[0].codec == "lz4"
+    with pytest.raises(P.InvalidRequest, match="unknown compression 'gzip'"):
+        P.negotiate(b"gzip", None, P.AUTO)
+    with pytest.raises(P.InvalidRequest, match="aqds-codecs"):
+        P.negotiate(b"auto", None, P.AUTO)
+
+
+def test_writers_compress_with_what_begin_accepts() -> None:
+    assert P.accepted_codecs(None) == ("lz4", "zstd")  # an older service decodes anything
+    assert P.accepted_codecs(["zstd"]) == ("zstd",)
+    assert P.accepted_codecs([]) == ()
+
+
+# -- the decision, one interval --------------------------------------------------------------
+
+
+def reading(busy: float = 1.0, held: float = 0.0, rate: float = 100 * MB) -> PathReading:
+    seconds = 0.1
+    return PathReading(seconds, int(rate * (busy - held) * seconds), busy, held)
+
+
+def estimate(link: float = 100 * MB, sender: float = 400 * MB) -> Estimate:
+    ratios = {"lz4": 0.5, "zstd": 0.2}
+    return Estimate(link, ratios, {"none": 800 * MB, "lz4": sender, "zstd": sender / 2})
+
+
+def test_a_slow_link_gets_the_codec_that_moves_most() -> None:
+    # 100 MB/s link: lz4 moves min(200, 400) = 200, zstd min(500, 200) = 200: lz4 first
+    assert choose("none", reading(), 100 * MB, estimate(), 0.15) in ("lz4", "zstd")
+    # a slower sender: zstd's 0.2 ratio is capped by its speed, lz4 wins
+    assert choose("none", reading(), 100 * MB, estimate(sender=180 * MB), 0.15) == "lz4"
+
+
+def test_nothing_is_compressed_where_the_cpu_or_the_reader_is_the_limit() -> None:
+    assert choose("none", reading(busy=0.3), 300 * MB, estimate(), 0.15) == "none"
+    assert choose("none", reading(held=0.5), 300 * MB, estimate(), 0.15) == "none"
+
+
+def test_a_codec_slower_than_the_link_is_not_used() -> None:
+    fast_link = estimate(link=1000 * MB, sender=900 * MB)
+    assert choose("none", reading(rate=1000 * MB), 1000 * MB, fast_link, 0.15) == "none"
+
+
+def test_a_codec_that_no_longer_beats_the_link_gives_way() -> None:
+    # compressing, the CPU now the limit: 105 MB/s of Arrow against a 100 MB/s link
+    assert choose("zstd", reading(busy=0.5), 105 * MB, estimate(), 0.15) in ("lz4", "none")
+    # still well ahead of the link: kept
+    assert choose("lz4", reading(busy=0.5), 190 * MB, estimate(), 0.15) == "lz4"
+
+
+@given(
+    busy=st.floats(0.0, 1.0),
+    held=st.floats(0.0, 1.0),
+    link=st.floats(1e5, 1e10),
+    sender=st.floats(1e5, 1e10),
+    arrow=st.floats(0.0, 1e10),
+)
+def test_uncompressed_stays_so_unless_the_network_is_the_limit(
+    busy: float, held: float, link: float, sender: float, arrow: float
+) -> None:
+    r = reading(busy=busy, held=min(held, busy), rate=link)
+    got = choose("none", r, arrow, estimate(link=link, sender=sender), 0.15)
+    if not r.link_limited:
+        assert got == "none"
+    if got != "none":  # a codec is chosen only when predicted to gain the margin
+        e = estimate(link=link, sender=sender)
+        assert e.rate(got) > 1.15 * e.rate("none")
+
+
+# -- the policy over a run of made-up samples ------------------------------------------------
+
+
+class FakePath:
+    """A transport's counters as a link of ``rate`` bytes/s would make them: busy all the
+    time when ``limited``, else a tenth of it."""
+
+    def __init__(self) -> None:
+        self.at = self.delivered = 0.0
+        self.busy = 0.0
+
+    def step(self, seconds: float, rate: float, limited: bool) -> PathSample:
+        self.at += seconds
+        self.busy += seconds if limited else seconds / 10
+        self.delivered += rate * seconds if limited else rate * seconds / 10
+        return PathSample(self.at, int(self.delivered), self.busy, 0.0)
+
+
+def run(policy: AutoCompression, link: float, cpu_bound: bool, batches: int) -> list[str]:
+    path = FakePath()
+    used = []
+    policy.path(path.step(0.0, link, False), 0.0)
+    for _ in range(batches):
+        codec = policy.codec()
+        used.append(codec)
+        ratio = {"none": 1.0, "lz4": 0.5, "zstd": 0.2}[codec]
+        encode = {"none": 0.001, "lz4": 0.004, "zstd": 0.01}[codec]
+        policy.sent(codec, 2 * MB, int(2 * MB * ratio), encode, encode + 0.002, path.at)
+        seconds = 2 * MB * ratio / link if not cpu_bound else 0.004
+        policy.path(path.step(seconds, link, not cpu_bound), path.at)
+    return used
+
+
+def test_auto_probes_then_compresses_a_slow_link() -> None:
+    used = run(AutoCompression(), link=50 * MB, cpu_bound=False, batches=60)
+    assert used[0] == "none"
+    assert {"lz4", "zstd"} <= set(used[:20])  # each probed once the link was the limit
+    assert used[-1] != "none" and used[-10:].count(used[-1]) == 10  # settled, compressing
+
+
+def test_auto_never_compresses_when_the_cpu_is_the_limit() -> None:
+    assert set(run(AutoCompression(), link=1000 * MB, cpu_bound=True, batches=200)) == {"none"}
+
+
+def test_auto_without_measurements_sends_uncompressed() -> None:
+    policy = AutoCompression()
+    for _ in range(50):
+        policy.sent(policy.codec(), MB, MB, 0.001, 0.002, 0.0)
+        assert not policy.path(None, 0.0)
+    assert policy.codec() == "none"

@@ -1,11 +1,16 @@
-"""Spark across a real path (issue 15): Spark (local[2], driver and executors) runs in one
-network namespace, the dataset service and the Flight baseline server in another, joined by
-a veth pair at MTU 1500 (``shared/design/real-paths.md``). Writes then reads the same table
-through the Flight data source (``benchmarks.spark_sources.FlightBench``) and through the
-aqueduct data source over TCP and over QUIC, in one run; prints seconds and the ratio to
-Flight (time / Flight time: below 1.0 is faster than Flight).
+"""Spark across a real path (issues 15, 28): Spark (local[2], driver and executors) runs in
+one network namespace, the dataset service and the Flight baseline servers in another,
+joined by a veth pair at MTU 1500 (``shared/design/real-paths.md``), unshaped and shaped to
+each ``--rate`` (``tc tbf`` on both ends). Writes then reads the same table through the
+Flight data source (``benchmarks.spark_sources.FlightBench``: as users run it, and with zstd
+IPC compression on both ways) and through the aqueduct data source, in one run. For every
+path and operation: seconds, the ratio to Flight (time / Flight time: below 1.0 is faster),
+bytes on the wire (what the Spark namespace's interface received for a read, sent for a
+write), and CPU seconds per GB of Arrow data at each end (Spark's whole process tree; the
+server process of that path).
 
     sudo .venv/bin/python -m benchmarks.bench_realpath_spark [--rows N] [--repeat K]
+        [--rate 1gbit 10gbit] [--paths aqueduct aqueduct-tcp ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,19 +21,58 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_realpath import ROOT, require_root, spawn_in, stop, veth_link
+from benchmarks.realpath_link import ROOT, require_root, spawn_in, stop, veth_link
 
 READY = "SPARK_RESULT "
-PATHS = ("aqueduct-tcp", "aqueduct-quic")
+PATHS = ("aqueduct", "aqueduct-tcp", "aqueduct-tcp-none", "aqueduct-quic")
+"""``aqueduct``: every default (transport and compression auto); ``-tcp`` over TLS/TCP with
+the default compression; ``-tcp-none`` uncompressed; ``-quic`` over QUIC (qh3)."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds of process ``root`` and every descendant, live or reaped (a reaped one's
+    time is in its parent's cutime/cstime)."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = sum(int(x) for x in fields[11:15]) / TICK
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+def counters(dev: str, servers: list[int]) -> dict[str, float]:
+    net = Path(f"/sys/class/net/{dev}/statistics")
+    found = {
+        "rx": float((net / "rx_bytes").read_text()),
+        "tx": float((net / "tx_bytes").read_text()),
+    }
+    found["client_cpu"] = tree_cpu(os.getpid())
+    found["server_cpu"] = sum(tree_cpu(pid) for pid in servers)
+    found["at"] = time.perf_counter()
+    return found
 
 
 def spark_client(spec: dict[str, Any]) -> None:
-    """Runs in the client namespace: the Spark job, timed per path."""
+    """Runs in the client namespace: the Spark job, measured per path and operation."""
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from benchmarks.bench_spark import spark_session, timed
+    from benchmarks.bench_spark import spark_session
 
     spark = spark_session()
     df = spark.range(0, spec["rows"], numPartitions=4).selectExpr(
@@ -38,7 +82,7 @@ def spark_client(spec: dict[str, Any]) -> None:
         "timestamp_micros(id + 1700000000000000) as ts",
     )
     results: dict[str, Any] = {}
-    for label, (fmt, options) in spec["paths"].items():
+    for label, (fmt, options, server) in spec["paths"].items():
         name = "t_" + "".join(c if c.isalnum() else "_" for c in label)
 
         def write(fmt: str = fmt, options: dict[str, str] = options, name: str = name) -> None:
@@ -49,12 +93,29 @@ def spark_client(spec: dict[str, Any]) -> None:
                 "overwrite"
             ).save()
 
-        write()
-        w = timed(write, spec["repeat"])
-        read()
-        r = timed(read, spec["repeat"])
-        results[label] = {"write": w, "read": r}
-        print(f"{label:14} write {w:6.2f} s   read {r:6.2f} s", file=sys.stderr, flush=True)
+        results[label] = {}
+        for op, fn, wire in (("write", write, "tx"), ("read", read, "rx")):
+            fn()  # warm-up (and for read: the table the write just made)
+            samples = []
+            for _ in range(spec["repeat"]):
+                before = counters(spec["dev"], [server])
+                fn()
+                after = counters(spec["dev"], [server])
+                samples.append({k: after[k] - before[k] for k in before})
+            samples.sort(key=lambda s: s["at"])
+            mid = samples[len(samples) // 2]
+            results[label][op] = {
+                "seconds": mid["at"],
+                "wire": mid[wire],
+                "client_cpu": mid["client_cpu"],
+                "server_cpu": mid["server_cpu"],
+            }
+        r = results[label]
+        print(
+            f"{label:18} write {r['write']['seconds']:6.2f} s   read {r['read']['seconds']:6.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     spark.stop()
     print(READY + json.dumps(results), flush=True)
 
@@ -64,23 +125,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
+        "--rate",
+        nargs="*",
+        default=["1gbit"],
+        help="also run with the link shaped to these speeds (tc units); unshaped always runs",
+    )
+    ap.add_argument(
         "--paths",
         nargs="+",
         default=list(PATHS),
         choices=list(PATHS),
-        help="Aqueduct paths to measure (the Flight data source always runs first)",
+        help="Aqueduct paths to measure (the Flight data source, plain and zstd, runs first)",
     )
+    ap.add_argument("--quick", action="store_true", help="200k rows, 1 run, unshaped only")
+    ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--spark-client", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.spark_client:
         spark_client(json.loads(args.spark_client))
         return 0
+    if args.quick:
+        args.rows, args.repeat, args.rate = 200_000, 1, []
     reason = require_root("bench_realpath_spark")
     if reason:
         print(reason, file=sys.stderr)
         return 2
     from aqueduct_core.transport import make_dev_certificates
+    from benchmarks.common import machine, write_json
 
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "arrow_bytes": args.rows * 39,  # id, x, s ("row-<id>", ~11 B + offset), ts
+        "command": " ".join(
+            ["sudo .venv/bin/python -m benchmarks.bench_realpath_spark", *sys.argv[1:]]
+        ),
+        "load_before": [round(x, 1) for x in os.getloadavg()],
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="aqueduct-rp-spark-") as tmp, veth_link(1500) as link:
         root = Path(tmp) / "root"
         tls = make_dev_certificates(Path(tmp) / "tls", ("localhost", link.server_ip))
@@ -90,58 +173,94 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--host", link.server_ip, "--port", "0", "--backend", "qh3"]
             # a veth pair between two private namespaces: no one else can reach it, and Flight
             # runs without a token too (serve refuses a non-loopback host without one otherwise)
-            cmd += ["--allow-anonymous"]
+            cmd += ["--allow-anonymous", "--log-level", "warning"]
             cmd += ["--cert", str(tls.cert_file), "--key", str(tls.key_file)]
             svc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")
             procs.append(svc)
             info = json.loads(banner)
-            flight_cmd = ["-m", "benchmarks.flight_server", str(root), str(tls.cert_file)]
-            flight, port = spawn_in(
-                link.server_ns, [*flight_cmd, str(tls.key_file), link.server_ip], "FLIGHT_READY "
-            )
-            procs.append(flight)
+            flights = {}
+            for codec in ("", "zstd"):
+                flight_cmd = ["-m", "benchmarks.flight_server", str(root), str(tls.cert_file)]
+                flight_cmd += [str(tls.key_file), link.server_ip, *([codec] if codec else [])]
+                proc, port = spawn_in(link.server_ns, flight_cmd, "FLIGHT_READY ")
+                procs.append(proc)
+                flights[codec] = (proc.pid, f"grpc+tls://{link.server_ip}:{port}")
             aq = {"url": info["url"], "fingerprint": info["fingerprint"]}
-            paths = {
+            ca = str(tls.ca_file)
+            paths: dict[str, Any] = {
                 "flight-tls": (
                     "flightbench",
-                    {"location": f"grpc+tls://{link.server_ip}:{port}", "ca": str(tls.ca_file)},
+                    {"location": flights[""][1], "ca": ca},
+                    flights[""][0],
                 ),
-                "aqueduct-tcp": ("aqueduct", {**aq, "transport": "tcp"}),
-                "aqueduct-quic": ("aqueduct", {**aq, "transport": "quic", "backend": "qh3"}),
+                "flight-zstd": (
+                    "flightbench",
+                    {"location": flights["zstd"][1], "ca": ca, "compression": "zstd"},
+                    flights["zstd"][0],
+                ),
+                "aqueduct": ("aqueduct", aq, svc.pid),
+                "aqueduct-tcp": ("aqueduct", {**aq, "transport": "tcp"}, svc.pid),
+                "aqueduct-tcp-none": (
+                    "aqueduct",
+                    {**aq, "transport": "tcp", "compression": "none"},
+                    svc.pid,
+                ),
+                "aqueduct-quic": (
+                    "aqueduct",
+                    {**aq, "transport": "quic", "backend": "qh3"},
+                    svc.pid,
+                ),
             }
-            paths = {k: v for k, v in paths.items() if k == "flight-tls" or k in args.paths}
-            spec = {"rows": args.rows, "repeat": args.repeat, "paths": paths}
-            out = subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    link.client_ns,
-                    sys.executable,
-                    "-m",
-                    "benchmarks.bench_realpath_spark",
-                    "--spark-client",
-                    json.dumps(spec),
-                ],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                text=True,
-                check=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            line = next(x for x in out.stdout.splitlines() if x.startswith(READY))
-            results = json.loads(line[len(READY) :])
+            paths = {k: v for k, v in paths.items() if k.startswith("flight") or k in args.paths}
+            for rate in [None, *args.rate]:
+                link.set_rate(rate)
+                spec = {
+                    "rows": args.rows,
+                    "repeat": args.repeat,
+                    "paths": paths,
+                    "dev": link.client_if,
+                }
+                load = round(os.getloadavg()[0], 1)
+                print(f"== MTU 1500, link {rate or 'unshaped'}, load {load}", flush=True)
+                client = ["benchmarks.bench_realpath_spark", "--spark-client", json.dumps(spec)]
+                run = subprocess.run(
+                    ["ip", "netns", "exec", link.client_ns, sys.executable, "-m", *client],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    check=True,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+                line = next(x for x in run.stdout.splitlines() if x.startswith(READY))
+                out["runs"].append(
+                    {"rate": rate, "load": load, "paths": json.loads(line[len(READY) :])}
+                )
         finally:
             for proc in procs:
                 stop(proc)
-    base = results["flight-tls"]
-    print(f"\nMTU 1500, {args.rows:,} rows, median of {args.repeat}; ratio = time / Flight time")
-    for label, r in results.items():
-        print(
-            f"  {label:14} write {r['write']:6.2f} s {r['write'] / base['write']:5.2f}x   "
-            f"read {r['read']:6.2f} s {r['read'] / base['read']:5.2f}x"
-        )
+    out["load_after"] = [round(x, 1) for x in os.getloadavg()]
+    report(out)
+    write_json(args.json, out)
     return 0
+
+
+def report(out: dict[str, Any]) -> None:
+    gb = out["arrow_bytes"] / 1e9
+    print(
+        f"\nMTU 1500, {out['rows']:,} rows, median of {out['repeat']}; ratio = time / Flight "
+        "time; wire MB per operation; CPU s per GB of Arrow data, Spark's side / the server's"
+    )
+    for run in out["runs"]:
+        base = run["paths"]["flight-tls"]
+        for label, r in run["paths"].items():
+            cells = []
+            for op in ("write", "read"):
+                x = r[op]
+                cells.append(
+                    f"{op} {x['seconds']:6.2f} s {x['seconds'] / base[op]['seconds']:5.2f}x "
+                    f"{x['wire'] / 1e6:6.0f} MB cpu {x['client_cpu'] / gb:5.1f}/{x['server_cpu'] / gb:4.1f}"
+                )
+            print(f"  {run['rate'] or 'unshaped':8} {label:18} " + "   ".join(cells))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ and commit), so the comparison is Flight/gRPC+TLS against Aqueduct/QUIC and noth
 - ``do_put(cmd={dataset, txn, task})``: stages the uploaded batches, answers the staged files;
 - ``do_action("commit", {dataset, mode, staged})``: commits them in one Delta commit.
 
-Run: ``python -m benchmarks.flight_server ROOT CERT KEY [HOST]`` (prints
-``FLIGHT_READY <port>``; HOST defaults to 127.0.0.1).
+Run: ``python -m benchmarks.flight_server ROOT CERT KEY [HOST [CODEC]]`` (prints
+``FLIGHT_READY <port>``; HOST defaults to 127.0.0.1; CODEC, ``zstd`` or ``lz4``, compresses
+what ``do_get`` sends).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from aqueduct_spark.service.store import Store
 
 
 class DeltaFlightServer(fl.FlightServerBase):
-    def __init__(self, root: str, location: str, cert: bytes, key: bytes) -> None:
+    def __init__(
+        self, root: str, location: str, cert: bytes, key: bytes, compression: str | None = None
+    ) -> None:
         super().__init__(location, tls_certificates=[fl.CertKeyPair(cert=cert, key=key)])
         self.store = Store(root)
+        self.options = pa.ipc.IpcWriteOptions(compression=compression) if compression else None
 
     def get_flight_info(self, context: Any, descriptor: fl.FlightDescriptor) -> fl.FlightInfo:
         name = descriptor.path[0].decode()
@@ -46,13 +50,14 @@ class DeltaFlightServer(fl.FlightServerBase):
         first = next(batches, None)
         if first is None:
             schema = self.store.plan(split.dataset, version=split.version).schema
-            return fl.RecordBatchStream(pa.Table.from_batches([], schema=schema))
+            empty = pa.Table.from_batches([], schema=schema)
+            return fl.RecordBatchStream(empty, options=self.options)
 
         def all_batches() -> Any:
             yield first
             yield from batches
 
-        return fl.GeneratorStream(first.schema, all_batches())
+        return fl.GeneratorStream(first.schema, all_batches(), options=self.options)
 
     def do_put(
         self,
@@ -115,8 +120,9 @@ class PlainFlightServer(fl.FlightServerBase):
 def main() -> None:
     root, cert, key = sys.argv[1:4]
     host = sys.argv[4] if len(sys.argv) > 4 else "127.0.0.1"
+    codec = sys.argv[5] if len(sys.argv) > 5 else None
     with open(cert, "rb") as c, open(key, "rb") as k:
-        server = DeltaFlightServer(root, f"grpc+tls://{host}:0", c.read(), k.read())
+        server = DeltaFlightServer(root, f"grpc+tls://{host}:0", c.read(), k.read(), codec)
     print(f"FLIGHT_READY {server.port}", flush=True)
     server.serve()
 

@@ -27,6 +27,7 @@ REPORT = ROOT / "docs" / "benchmarks.md"
 
 SCRIPTS = {
     "realpath": "benchmarks.bench_realpath",
+    "realpath_spark": "benchmarks.bench_realpath_spark",
     "codec": "benchmarks.bench_codec",
     "transport": "benchmarks.bench_transport",
     "service": "benchmarks.bench_service",
@@ -305,6 +306,34 @@ def compression_targets(data: dict[str, Any]) -> list[tuple[str, str, str, str, 
     return rows
 
 
+def section_realpath_spark(data: dict[str, Any]) -> list[str]:
+    """Spark in one namespace, the service and Flight in the other (issues 15, 28)."""
+    gb = data["arrow_bytes"] / 1e9
+    lines = [
+        "## Real network path: Spark read and write against the Flight data source (issues 15, 28)",
+        "",
+        f"Spark (local[2]) in one namespace, the service and the Flight servers in the other, "
+        f"veth at MTU 1500, unshaped and shaped (`tc tbf`); {data['rows']:,} rows; median of "
+        f"{data['repeat']}. Ratio: time / Flight's time (below 1 is faster). Wire: bytes the "
+        "Spark namespace received (read) or sent (write). CPU s/GB: Spark's whole process tree "
+        "/ the server process, per GB of Arrow data.",
+        "",
+        "| link | path | op | s | vs Flight | wire MB | Spark CPU s/GB | server CPU s/GB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in data["runs"]:
+        base = run["paths"]["flight-tls"]
+        for label, r in run["paths"].items():
+            for op in ("write", "read"):
+                x = r[op]
+                lines.append(
+                    f"| {run['rate'] or '-'} | {label} | {op} | {x['seconds']:.2f} | "
+                    f"{x['seconds'] / base[op]['seconds']:.2f}x | {x['wire'] / 1e6:.0f} | "
+                    f"{x['client_cpu'] / gb:.1f} | {x['server_cpu'] / gb:.1f} |"
+                )
+    return [*lines, ""]
+
+
 def section_service(data: dict[str, Any]) -> list[str]:
     runs = data["runs"]
     lines = [
@@ -460,6 +489,26 @@ def target_rows(
     realpath = collected.get("realpath")
     if realpath:
         rows += realpath_targets(realpath)
+    spark_rp = collected.get("realpath_spark")
+    if spark_rp:
+        for run in spark_rp["runs"]:
+            base = run["paths"]["flight-tls"]
+            for label in ("aqueduct", "aqueduct-tcp"):
+                r = run["paths"].get(label)
+                if r is None:
+                    continue
+                for op in ("read", "write"):
+                    ratio = base[op]["seconds"] / r[op]["seconds"]
+                    rows.append(
+                        (
+                            "28",
+                            f"Spark {op} across namespaces, link {run['rate'] or 'unshaped'}: "
+                            f"{label}",
+                            f"{ratio:.2f}x Flight's speed (time ratio)",
+                            ">= 1.15x",
+                            "met" if ratio >= 1.15 else "**behind**",
+                        )
+                    )
     codec = collected.get("codec")
     if codec:
         for name, r in codec["results"].items():
@@ -639,6 +688,7 @@ def _fmt(value: Any) -> str:
 
 SECTIONS = {
     "realpath": section_realpath,
+    "realpath_spark": section_realpath_spark,
     "codec": section_codec,
     "transport": section_transport,
     "service": section_service,

@@ -109,8 +109,12 @@ class FlightWriter(DataSourceArrowWriter):
         cmd = json.dumps(
             {"dataset": self.options["path"], "txn": self.txn, "task": uuid.uuid4().hex[:8]}
         )
+        codec = self.options.get("compression")  # as a user turns it on: IPC write options
+        call = fl.FlightCallOptions(
+            write_options=pa.ipc.IpcWriteOptions(compression=codec) if codec else None
+        )
         writer, meta = _flight(self.options).do_put(
-            fl.FlightDescriptor.for_command(cmd), self.arrow
+            fl.FlightDescriptor.for_command(cmd), self.arrow, options=call
         )
         for batch in iterator:
             writer.write_batch(batch)

@@ -39,6 +39,11 @@ class Encoded:
     encode: float
     """Seconds spent encoding (and compressing) it."""
 
+    @property
+    def codec(self) -> str:
+        """Its body compression: ``none``, ``lz4`` or ``zstd``."""
+        return self.setting.partition(":")[0]
+
 
 def encoded(
     batches: Iterator[pa.RecordBatch], setting: Callable[[], str], limit: int | None
@@ -72,8 +77,7 @@ class ScanCodec:
         if policy is None or conn is None:
             return
         now = time.monotonic()
-        codec = item.setting.partition(":")[0]
-        policy.sent(codec, item.arrow, len(item.payload), item.encode, work, now)
+        policy.sent(item.codec, item.arrow, len(item.payload), item.encode, work, now)
         if policy.path(conn.path(), now):
             mb = (policy.link or 0) / 1e6
             log.debug(

@@ -460,8 +460,8 @@ class DatasetService:
             if item is None:
                 break
             await out.send(item.payload, headers=[P.batch_header(item.rows, seq)])
-            nbytes, codec_used = len(item.payload), item.setting.partition(":")[0]
-            note(rows=item.rows, nbytes=nbytes, direction="out", arrow=item.arrow, codec=codec_used)
+            nbytes = len(item.payload)
+            note(rows=item.rows, nbytes=nbytes, direction="out", arrow=item.arrow, codec=item.codec)
             codec.sent(conn, item, work)
             seq += 1
         out.finish()

@@ -160,3 +160,18 @@ def test_malformed_input_closes_with_its_code(vector: dict[str, Any]) -> None:
                 parser.feed(wire)
                 parser.finish()
         assert info.value.code == vector["code"], (where, info.value)
+
+
+ENGINE = json.loads(
+    (Path(__file__).parents[2] / "docs" / "vectors" / "engine.json").read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.parametrize("scenario", ENGINE["scenarios"], ids=lambda s: s["name"][:50])
+def test_engine_vectors(scenario: dict[str, Any]) -> None:
+    """The client engine's conversations of docs/vectors/engine.json, step by step (the
+    TypeScript engine replays the same file)."""
+    from tests.core.engine_vectors import run
+
+    for got, want in zip(run(scenario), scenario["steps"], strict=True):
+        assert got == want, f"step {want['do']} at {want['at']}"

@@ -300,6 +300,7 @@ NON_CLASS_SECTIONS = {
     "UDP blocked": "",
     "Certificate mismatch": "",
     "aqueduct import stops at a line of a CSV file": "",
+    "query.stop() logs ERROR lines": "",
 }
 """Troubleshooting sections that are not classes of ours; "spark": a Spark error condition."""
 

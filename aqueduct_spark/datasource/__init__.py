@@ -25,10 +25,12 @@ The modules, bottom first: ``option_values`` and ``options`` (the table of optio
 once), ``schemas`` (Spark <-> Arrow), ``reader`` and ``writer`` (batch), ``stream_offsets``,
 ``changes`` (version ranges, the change feed, versions that remove data), ``notifications``,
 ``stream_reader`` and ``stream_writer`` (Structured Streaming), ``source`` (the
-``DataSource`` Spark instantiates, which picks among them).
+``DataSource`` Spark instantiates, which picks among them), ``stopping`` (a streaming query
+stopped between micro-batches).
 """
 
 from aqueduct_spark.datasource.source import AqueductDataSource, register
+from aqueduct_spark.datasource.stopping import stop_gracefully
 from aqueduct_spark.datasource.task_errors import aqueduct_error
 
-__all__ = ["AqueductDataSource", "aqueduct_error", "register"]
+__all__ = ["AqueductDataSource", "aqueduct_error", "register", "stop_gracefully"]

@@ -57,8 +57,14 @@ def test_a_stream_reads_no_duplicates_across_compaction_and_fails_on_a_delete(
         time.sleep(1)  # nothing more may come
         assert ids_of(c, dst) == list(range(60))
         c.delete(src, "id < 5")
-        with pytest.raises(Exception, match=r"(?s)DataChanged.*removes data.*skipChangeCommits"):
+        with pytest.raises(
+            Exception, match=r"(?s)DataChanged.*removes data.*skipChangeCommits"
+        ) as e:
             q.awaitTermination(240)
+        text = str(e.value)  # our line first, with no traceback or Java stack around it
+        assert "Traceback" not in text and "\tat org.apache" not in text, text
+        assert text.partition("DataChanged: ")[0].count("\n") == 0, text
+        assert len(text.splitlines()) < 20, text
     finally:
         q.stop()
     assert ids_of(c, dst) == list(range(60))

@@ -213,6 +213,33 @@ def test_restart_from_the_checkpoint_after_stop_loses_and_repeats_nothing(
     assert ids_of(c, dst) == list(range(140))
 
 
+@pytest.mark.slow  # a micro-batch of 50,000 rows caught running: 100 s at load 12
+def test_a_graceful_stop_lets_the_running_batch_commit(
+    spark: Any, service: ServiceProcess, tmp_path: Path
+) -> None:
+    """``query.stop()`` during a micro-batch cancels it (Spark's own ERROR lines: ``... is
+    aborting``, ``TaskKilledException``, ``Aborting commit``) and nothing of it is written;
+    ``stop_gracefully`` lets it finish: its rows are committed, and the query ends cleanly
+    (tests/spark/test_stopping.py covers the waiting fast, against a stand-in query)."""
+    from aqueduct_spark.datasource import stop_gracefully
+
+    src, dst = fresh("graceful_src"), fresh("graceful_dst")
+    c = service.client()
+    c.create(src, SCHEMA)
+    q = to_aqueduct(source(spark, service, src), service, dst, tmp_path / "ck")
+    n = 50_000  # a micro-batch that takes a while to write
+    try:
+        wait_until(lambda: q.lastProgress, 240, "the first micro-batch to end")
+        c.append(src, rows(0, n))  # the next micro-batch's tasks write these
+        tracker = spark.sparkContext.statusTracker()
+        wait_until(tracker.getActiveStageIds, 240, "the micro-batch's tasks", step=0.01)
+        assert stop_gracefully(q, timeout=240)
+    finally:
+        q.stop()
+    assert not q.isActive and q.exception() is None
+    assert len(ids_of(c, dst)) == n  # was: [] (the batch was cancelled)
+
+
 def test_a_replayed_batch_is_not_written_twice(
     spark: Any, service: ServiceProcess, tmp_path: Path
 ) -> None:

@@ -299,8 +299,7 @@ class DatasetService:
             if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                 raise P.InvalidRequest("a request is a map with a string 'op'")
             op = req["op"]
-            peer = conn.peer[0] if conn is not None and conn.peer else "?"
-            grant = authorize(grant, req, peer, self.observer.operations)
+            grant = authorize(grant, req, self.observer.operations)
             if op not in REPLAY_SAFE and conn is not None:
                 # Profile §2.11: a request may have come in 0-RTT, which an attacker can
                 # replay; only reads run before the handshake proves the client is live.

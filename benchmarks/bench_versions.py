@@ -1,26 +1,27 @@
-"""Issue 18: a dataset of many small versions, as a streaming sink leaves it. Reports
+"""Issues 18 and 31: datasets of many small versions, as a streaming sink leaves them. Reports
 
 - a Spark batch read (``count()``) of 200k rows in 2,000 files (one file per version) against
   the same rows in one file, both through the service (target <= 3x);
 - a stream from the earliest of those 2,000 versions catching up (``availableNow`` into a
   ``noop`` sink; target <= 10 s), from ``start()`` to the query's end, and the part of it
   that is the one micro-batch (``triggerExecution``);
-- append latency (the Python client's ``append`` of 100 rows) at version 10 against version
-  10,000, with the service's table maintenance on (``serve --maintenance``: checkpoints every
-  100 versions, log cleanup, compaction; target <= 1.2x).
+- append latency against the length of the log (issue 31; :mod:`benchmarks.versions_appends`):
+  the Python client's append of 400 rows to datasets of 10, 1,000, 10,000 and 50,000
+  versions, with the service's default settings (no maintenance, Delta's 30-day log
+  retention: every commit file stays), on a local root and on SeaweedFS (targets: 50,000 /
+  10 <= 1.5x on each; issue 18's 10,000 / 10 <= 1.2x on the local root); and a streaming
+  query's commit time (Spark's ``addBatch``, one micro-batch after another) into the
+  10-version and the 50,000-version dataset.
 
     python -m benchmarks.bench_versions [--versions 2000] [--rows 200000]
-        [--append-versions 10000] [--appends 20] [--repeat 3] [--quick] [--json out.json]
-        [--skip read stream append] [--log-retention-hours H]
+        [--append-lengths 10 1000 10000 50000] [--append-rounds 20] [--stream-batches 30]
+        [--repeat 3] [--quick] [--json out.json] [--skip read stream append s3 stream-commit]
 
-How the datasets are built (:mod:`benchmarks.versions_data`): version 0 by ``deltalake``, then
-one commit file per version with one ``add`` of a new Parquet file, written directly, with
-the statistics the service computes. For the append figure the 9,990 versions between
-version 10 and 10,000 are built the same way under the running service (reusing one data
-file's bytes under new names), then ``deltalake`` writes a checkpoint at the last of them, as
-a writer with checkpoints would have left it. Spark runs ``local[2]`` in this process; the
-service in its own process; all share the 2 cores, so the load average is reported with
-every figure.
+How the read and stream datasets are built (:mod:`benchmarks.versions_data`): version 0 by
+``deltalake``, then one commit file per version with one ``add`` of a new Parquet file,
+written directly, with the statistics the service computes. Spark runs ``local[2]`` in this
+process; the services in their own processes; all share the 2 cores, so the load average is
+reported with every figure.
 """
 
 from __future__ import annotations
@@ -34,11 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import versions_appends
 from benchmarks.common import machine, sample_table, write_json
-from benchmarks.versions_data import append_versions, build_versions
-
-SETTLE_S = 180
-"""At most this long for maintenance to compact the bulk-built versions' files."""
+from benchmarks.versions_data import build_versions
 
 
 def load() -> float:
@@ -113,87 +112,25 @@ def stream_catch_up(spark: Any, opts: dict[str, str], tmp: Path, repeat: int) ->
     }
 
 
-def log_entries(table_dir: Path) -> int:
-    return len(os.listdir(table_dir / "_delta_log"))
-
-
-def append_latency(
-    svc: Any, root: Path, versions: int, appends: int, log_cleanup: bool = False
-) -> dict[str, Any]:
-    """Median append latency at version 10 and at version ``versions`` (maintenance on).
-    With ``log_cleanup`` (the service keeps a short log: ``--log-retention-hours``) the
-    settling also waits for the service to delete the expired commit files, which it does
-    after its next checkpoint (up to 100 appends)."""
-    client = svc.client()
-    batch = sample_table(100)
-    client.create("appends", batch.schema)
-    while client.describe("appends").version < 10:
-        client.append("appends", batch)
-
-    def measure() -> list[float]:
-        out = []
-        for _ in range(appends):
-            start = time.perf_counter()
-            client.append("appends", batch)
-            out.append(time.perf_counter() - start)
-        return out
-
-    early = measure()
-    at_early = client.describe("appends").version
-    start = time.perf_counter()
-    last = append_versions(root / "appends", batch, versions - at_early, checkpoint=True)
-    built = time.perf_counter() - start
-    # The service's maintenance finds 10,000 uncompacted small files (a service that had
-    # maintained the table all along would have compacted them 50 at a time): let it
-    # compact them before measuring, appending as a stream would meanwhile.
-    start = time.perf_counter()
-    settle_appends = 0
-    while time.perf_counter() - start < SETTLE_S:
-        client.append("appends", batch)
-        settle_appends += 1
-        if client.describe("appends").files < 1000 and (
-            not log_cleanup or log_entries(root / "appends") < 1000
-        ):
-            break
-    settled = time.perf_counter() - start
-    late = measure()
-    return {
-        "early_version": 10,
-        "late_version": last,
-        "built_s": built,
-        "settle_s": settled,
-        "settle_appends": settle_appends,
-        "files_after": client.describe("appends").files,
-        "log_entries": log_entries(root / "appends"),
-        "early_ms": [t * 1000 for t in early],
-        "late_ms": [t * 1000 for t in late],
-        "early_median_ms": statistics.median(early) * 1000,
-        "late_median_ms": statistics.median(late) * 1000,
-        "ratio": statistics.median(late) / statistics.median(early),
-        "load": load(),
-    }
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--versions", type=int, default=2000)
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--append-versions", type=int, default=10_000)
-    parser.add_argument("--appends", type=int, default=20)
+    parser.add_argument("--append-lengths", type=int, nargs="+", default=[10, 1000, 10_000, 50_000])
+    parser.add_argument("--append-rounds", type=int, default=20)
+    parser.add_argument("--append-rows", type=int, default=400)
+    parser.add_argument("--stream-batches", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="200 versions, 1,000 appended")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["read", "stream", "append"])
     parser.add_argument(
-        "--log-retention-hours",
-        type=float,
-        help="the service's log retention (its default: 720 h, so the 10,000 commit files stay)",
+        "--quick", action="store_true", help="200 versions; logs of 10 and 1,000; 5 rounds"
     )
+    choices = ["read", "stream", "append", "s3", "stream-commit"]
+    parser.add_argument("--skip", nargs="*", default=[], choices=choices)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.quick:
-        args.versions, args.rows, args.append_versions = 200, 20_000, 1000
-        args.appends, args.repeat = 5, 1
-    from aqueduct_spark.testing import start_service
+        args.versions, args.rows, args.append_lengths = 200, 20_000, [10, 1000]
+        args.append_rounds, args.repeat, args.stream_batches = 5, 1, 5
     from benchmarks.bench_spark import spark_session
 
     results: dict[str, Any] = {
@@ -203,100 +140,116 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_start": load(),
         "maintenance": True,
     }
+    skip = set(args.skip)
     with tempfile.TemporaryDirectory(prefix="aqueduct-versions-") as tmp_dir:
         tmp = Path(tmp_dir)
-        root = tmp / "root"
-        per = args.rows // args.versions
-        data = sample_table(per * args.versions)
-        start = time.perf_counter()
-        build_versions(
-            root / "many",
-            data.schema,
-            [data.slice(i * per, per) for i in range(args.versions)],
-        )
-        build_versions(root / "one", data.schema, [data])
-        results["build_s"] = time.perf_counter() - start
-        print(f"built {args.versions} versions in {results['build_s']:.1f} s", flush=True)
-        retention = args.log_retention_hours
-        serve_args = ["--maintenance"]
-        if retention is not None:
-            serve_args += ["--log-retention-hours", str(retention)]
-            results["log_retention_hours"] = retention
-        svc = start_service(root, args=serve_args)
+        spark = None
         try:
-            if not {"read", "stream"} <= set(args.skip):
+            if not {"read", "stream"} <= skip:
                 spark = spark_session()
-                try:
-                    if "read" not in args.skip:
-                        results["read"] = batch_read(spark, svc.options, args.repeat)
-                        print(f"read: {results['read']}", flush=True)
-                    if "stream" not in args.skip:
-                        results["stream"] = stream_catch_up(spark, svc.options, tmp, args.repeat)
-                finally:
-                    spark.stop()
-            if "append" not in args.skip:  # last: its maintenance would load the reads
-                results["append"] = append_latency(
-                    svc, root, args.append_versions, args.appends, retention is not None
+                read_and_stream(spark, tmp, args, results)
+            if "append" not in skip:  # last: the bulk logs would load the reads
+                if spark is None and "stream-commit" not in skip:
+                    spark = spark_session()
+                results["appends"] = versions_appends.run(
+                    tmp,
+                    args.append_lengths,
+                    args.append_rounds,
+                    args.append_rows,
+                    s3="s3" not in skip,
+                    spark=None if "stream-commit" in skip else spark,
+                    stream_batches=args.stream_batches,
                 )
-                print(f"append: {results['append']}", flush=True)
         finally:
-            svc.stop()
+            if spark is not None:
+                spark.stop()
     results["load_end"] = load()
     report(results)
     write_json(args.json, results)
     return results
 
 
+def read_and_stream(spark: Any, tmp: Path, args: Any, results: dict[str, Any]) -> None:
+    """Issue 18's reads: the 2,000-version dataset against one file, through one service
+    with ``--maintenance``."""
+    from aqueduct_spark.testing import start_service
+
+    root = tmp / "root"
+    per = args.rows // args.versions
+    data = sample_table(per * args.versions)
+    start = time.perf_counter()
+    build_versions(
+        root / "many", data.schema, [data.slice(i * per, per) for i in range(args.versions)]
+    )
+    build_versions(root / "one", data.schema, [data])
+    results["build_s"] = time.perf_counter() - start
+    print(f"built {args.versions} versions in {results['build_s']:.1f} s", flush=True)
+    svc = start_service(root, args=["--maintenance"])
+    try:
+        if "read" not in args.skip:
+            results["read"] = batch_read(spark, svc.options, args.repeat)
+            print(f"read: {results['read']}", flush=True)
+        if "stream" not in args.skip:
+            results["stream"] = stream_catch_up(spark, svc.options, tmp, args.repeat)
+    finally:
+        svc.stop()
+
+
 def report(r: dict[str, Any]) -> None:
     print(f"\n{r['versions']} versions, {r['rows']:,} rows; load {r['load_start']:.1f} at start")
-    if "read" in r:
-        rd = r["read"]
-        print(
-            f"batch read: {rd['many_s']:.2f} s in {r['versions']} files against "
-            f"{rd['one_s']:.2f} s in one file = {rd['ratio']:.2f}x (target <= 3x), "
-            f"{rd['partitions']['many']} Spark partitions, load {rd['load']:.1f}"
-        )
-    if "stream" in r:
-        st = r["stream"]
-        print(
-            f"stream from the earliest version: {st['many_s']:.2f} s (micro-batch "
-            f"{st['many_trigger_s']:.2f} s; the one-version dataset {st['one_s']:.2f} s) "
-            "(target <= 10 s)"
-        )
-    if "append" in r:
-        ap = r["append"]
-        print(
-            f"append: {ap['early_median_ms']:.0f} ms at version 10, {ap['late_median_ms']:.0f} "
-            f"ms at version {ap['late_version']} = {ap['ratio']:.2f}x (target <= 1.2x), "
-            f"{ap['log_entries']} entries in _delta_log, load {ap['load']:.1f}"
-        )
+    for _, label, value, target, load_ in rows(r):
+        print(f"{label}: {value} (target {target}), load {load_}")
 
 
 def section(data: dict[str, Any]) -> list[str]:
     """The report's section (``benchmarks.run_all``)."""
     lines = [
-        "## Loopback: many small versions, reads, stream catch-up, appends (issue 18)",
+        "## Loopback: many small versions, reads, stream catch-up, appends (issues 18, 31)",
         "",
         f"{data['versions']} versions of {data['rows'] // data['versions']} rows each "
         f"({data['rows']:,} rows), built by writing their commit files directly "
-        "(`benchmarks/versions_data.py`); one service with `--maintenance`, Spark `local[2]`, "
-        f"all on this machine's 2 cores (load {data['load_start']:.1f} at the start, "
-        f"{data['load_end']:.1f} at the end).",
+        "(`benchmarks/versions_data.py`); one service with `--maintenance` for the reads, Spark "
+        f"`local[2]`, all on this machine's 2 cores (load {data['load_start']:.1f} at the "
+        f"start, {data['load_end']:.1f} at the end).",
         "",
-        "| figure | this run | target | load |",
-        "|---|---|---|---|",
     ]
-    for label, value, target, load_ in rows(data):
+    appends = data.get("appends")
+    if appends:
+        lines += [
+            f"Appends (issue 31): {appends['rows']} rows per append through the Python client, "
+            f"median of {appends['rounds']} rounds over the datasets in turn, the service's "
+            "default settings (no `--maintenance`: every commit file and data file stays); "
+            "`_delta_log` entries: "
+            + ", ".join(f"{int(n):,}" for n in appends["log_entries"].values())
+            + ".",
+            "",
+            "| root | " + " | ".join(f"{int(n):,} versions" for n in appends["lengths"]) + " |",
+            "|---|" + "---|" * len(appends["lengths"]),
+        ]
+        for kind in ("local", "seaweedfs"):
+            if kind in appends:
+                cells = [
+                    f"{f['median_ms']:.1f} ms ({f['ratio']:.2f}x)"
+                    for f in appends[kind]["appends"].values()
+                ]
+                lines.append(
+                    f"| {kind} (load {appends[kind]['load_start']:.1f}) | {' | '.join(cells)} |"
+                )
+        lines.append("")
+    lines += ["| figure | this run | target | load |", "|---|---|---|---|"]
+    for _, label, value, target, load_ in rows(data):
         lines.append(f"| {label} | {value} | {target} | {load_} |")
     return [*lines, ""]
 
 
-def rows(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+def rows(data: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(issue, comparison, figure, target, load) of each target the run measured."""
     out = []
     if "read" in data:
         rd = data["read"]
         out.append(
             (
+                "18",
                 f"Spark count, {data['versions']} files / the same rows in one file",
                 f"{rd['ratio']:.2f}x ({rd['many_s']:.2f} s in {rd['partitions']['many']} "
                 f"partitions / {rd['one_s']:.2f} s)",
@@ -308,6 +261,7 @@ def rows(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         st = data["stream"]
         out.append(
             (
+                "18",
                 f"stream from the earliest of {data['versions']} versions (availableNow)",
                 f"{st['many_s']:.2f} s (its micro-batch {st['many_trigger_s']:.2f} s; "
                 f"one version: {st['one_s']:.2f} s)",
@@ -315,27 +269,62 @@ def rows(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{max(r['load'] for r in st['runs']):.1f}",
             )
         )
-    if "append" in data:
+    if "append" in data:  # runs stored before issue 31 (10,000 versions, --maintenance)
         ap = data["append"]
         out.append(
             (
+                "18",
                 f"append latency, version {ap['late_version']:,} / version 10",
                 f"{ap['ratio']:.2f}x ({ap['late_median_ms']:.0f} / {ap['early_median_ms']:.0f} ms)",
                 "<= 1.2x",
                 f"{ap['load']:.1f}",
             )
         )
+    appends = data.get("appends")
+    if appends:
+        first, last = str(appends["lengths"][0]), str(appends["lengths"][-1])
+        targets = [("31", kind, last, "<= 1.5x") for kind in ("local", "seaweedfs")]
+        if "10000" in appends.get("local", {}).get("appends", {}):
+            targets.insert(0, ("18", "local", "10000", "<= 1.2x"))
+        for issue, kind, n, target in targets:
+            if kind not in appends:
+                continue
+            f, base = appends[kind]["appends"][n], appends[kind]["appends"][first]
+            out.append(
+                (
+                    issue,
+                    f"append latency ({kind} root, default settings), version {int(n):,} / "
+                    f"version {int(first):,}",
+                    f"{f['ratio']:.2f}x ({f['median_ms']:.1f} / {base['median_ms']:.1f} ms)",
+                    target,
+                    f"{appends[kind]['load_start']:.1f}",
+                )
+            )
+        stream = appends.get("stream")
+        if stream:
+            short, long_ = list(stream)
+            s, lg = stream[short], stream[long_]
+            out.append(
+                (
+                    "31",
+                    f"streaming commit (Spark addBatch), {long_.split('_')[-1]} versions / "
+                    f"{short.split('_')[-1]}",
+                    f"{lg['ratio']:.2f}x ({lg['median_ms']:.0f} / {s['median_ms']:.0f} ms)",
+                    "<= 1.5x",
+                    f"{appends['local']['load_start']:.1f}",
+                )
+            )
     return out
 
 
 def summary_rows(data: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     """Rows of the report's summary: (issue, comparison, this run, target, verdict)."""
-    limits = {"<= 3x": 3.0, "<= 10 s": 10.0, "<= 1.2x": 1.2}
+    limits = {"<= 3x": 3.0, "<= 10 s": 10.0, "<= 1.2x": 1.2, "<= 1.5x": 1.5}
     out = []
-    for label, value, target, _ in rows(data):
+    for issue, label, value, target, _ in rows(data):
         figure = float(value.split("x")[0].split(" s")[0])
         ok = figure <= limits[target]
-        out.append(("18", label, value, target, "met" if ok else "**behind**"))
+        out.append((issue, label, value, target, "met" if ok else "**behind**"))
     return out
 
 

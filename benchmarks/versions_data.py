@@ -43,11 +43,19 @@ def build_versions(
 
 
 def append_versions(
-    table_dir: Path | str, batch: pa.Table, count: int, *, checkpoint: bool = False
+    table_dir: Path | str,
+    batch: pa.Table,
+    count: int,
+    *,
+    checkpoint: bool = False,
+    checkpoint_every: int = 0,
 ) -> int:
     """Commit ``count`` more versions to an existing table, each adding a copy of one Parquet
     file of ``batch`` (fast for very long logs); with ``checkpoint``, ``deltalake`` writes a
-    checkpoint at the last one. Returns the last version."""
+    checkpoint at the last one, and with ``checkpoint_every`` at every such multiple of
+    versions on the way too (each a load from the one before: far fewer than a writer's
+    every 100, which is what a reader's load depends on, not the length of the log).
+    Returns the last version."""
     table_dir = Path(table_dir)
     table = DeltaTable(str(table_dir))
     schema = pa.schema(table.schema().to_arrow())
@@ -61,6 +69,8 @@ def append_versions(
         if v != first:
             (table_dir / name).write_bytes(data)
         _commit(table_dir, v, name, stats)
+        if checkpoint_every and v % checkpoint_every == 0 and v != first + count - 1:
+            DeltaTable(str(table_dir), version=v).create_checkpoint()
     if checkpoint:
         DeltaTable(str(table_dir)).create_checkpoint()
     return first + count - 1

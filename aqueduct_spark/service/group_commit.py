@@ -303,7 +303,11 @@ def _commit_batch(
             actions = delta_commit.actions(tail, adds, txns, meta, METADATA_KEY)
             key = delta_commit.put_if_absent(local, version, delta_commit.encode(actions))
             if key is None:  # another writer won this version: read it, check again
-                log_tail.advance(tail, fs)
+                try:
+                    log_tail.advance(tail, fs)
+                except (log_tail.Reload, OSError, ValueError, KeyError, TypeError) as exc:
+                    state.tail = None  # the log moved far: load it, then try again
+                    return CommitFailedError(f"Transaction failed: the log moved on ({exc})")
                 continue
             tail.apply(version, key, actions)
             delta_commit.after_commit(
@@ -371,12 +375,16 @@ def _deltalake_commit(
     group_id: str,
 ) -> int | CommitFailedError | DatasetError:
     """The append committed by deltalake (an object store, or a table whose features only
-    deltalake writes): the version it landed at, or why not."""
+    deltalake writes): the version it landed at, or why not. The dataset's state is let go
+    while deltalake commits (round trips to the store): the other writers' checks and the
+    reads of the dataset go on meanwhile, and the writers arriving queue for the next
+    group commit (this one is the only commit of the dataset the process makes)."""
     tail, table = state.tail, state.table
     assert tail is not None and table is not None
     if table.version() < tail.version:
         table.load_as_version(tail.version)  # the commits since (listed after its version)
-    before = tail.version
+    before, configuration = tail.version, tail.configuration
+    state.lock.release()
     try:
         table.create_write_transaction(
             adds,
@@ -393,15 +401,19 @@ def _deltalake_commit(
         return exc
     except DeltaError as exc:
         return delta_error(name, exc)
+    finally:
+        state.lock.acquire()
     fs = tables.filesystem(name)
-    read = log_tail.advance(tail, fs)
-    version = next((v for v, acts in read if _commit_id(acts) == group_id), None)
-    if version is None:
-        version = find_commit(tables, name, before, group_id, fs)
+    version = find_commit(tables, name, before, group_id, fs)
+    try:
+        if state.tail is not None:
+            log_tail.advance(state.tail, fs)  # the new commit, as the next writer's base
+    except (log_tail.Reload, OSError, ValueError, KeyError, TypeError):
+        state.tail = None  # loaded afresh by the next use
     delta_commit.after_commit(
         tables.uri(name),
         tables.delta_options(),
-        tail.configuration,
+        configuration,
         version,
         tables.commit_hooks,
         checkpoint=False,

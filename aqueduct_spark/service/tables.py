@@ -5,11 +5,14 @@ object-store URI (``s3://bucket/prefix``, ``file:///...``) with ``storage_option
 deltalake. :class:`Tables` maps a name to its location and opens the table at the version a
 call needs (time travel included).
 
-Table state is kept per dataset (:meth:`Tables.snapshot`): a loaded deltalake table for the
-latest version, brought up to date with ``update_incremental`` (only the commits since) when
-the next version's commit file appears, and the :class:`Snapshot` taken from it, which reads
-share. Loading a table replays its log from the last checkpoint, which costs about a second
-for 2,000 uncheckpointed versions; a plan or describe then costs one or two file stats.
+The latest state is kept per dataset (:class:`LatestState`): the log's tail (version,
+protocol, metadata, app transactions, live files; :mod:`.log_tail`), loaded once from a
+deltalake table and brought forward by reading the commit files written since, by name, never
+listing the log; the :class:`Snapshot` reads share, whose file list a plan loads on first use
+(deltalake, forward from the last one loaded); and the commit times, listed once and then
+extended. So ``begin``, a commit's checks, ``describe`` and a stream's offsets cost a few file
+stats however long the log is; loading a table (a listing, and a replay from the last
+checkpoint) happens once per dataset, or when the log cannot tell (dropped, cleaned up).
 Snapshots of older versions (time travel) are kept in a small LRU. Every cache is keyed by the
 size and mtime of the commit file of the version it holds, so a dataset dropped and created
 again misses it; the state of at most ``_STATE_CACHE_SIZE`` datasets is kept.

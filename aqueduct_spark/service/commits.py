@@ -39,7 +39,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import binding, delta_commit, delta_types, group_commit, staging
+from . import binding, delta_commit, delta_types, group_commit, own_overwrite, staging
 from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
 from .group_commit import METADATA_KEY as METADATA_KEY
@@ -278,6 +278,13 @@ def commit(
             raise DatasetExists(
                 f"dataset {name!r} already exists; write with mode 'append' or 'overwrite'"
             )
+        if mode == "overwrite" and not merge_schema and replace_where is None:
+            own = own_overwrite.overwrite(  # a stream's complete mode: without loading the table
+                tables, name, given, partition_by, files, app_id, app_version,
+                overwrite_schema, replaces, commit_id, check_schema,
+            )  # fmt: skip
+            if own is not None:
+                return own
         if mode == "append" and not merge_schema and group_commit.enabled():
             # shares a commit with the appends queued meanwhile (group_commit)
             grouped = group_commit.append(

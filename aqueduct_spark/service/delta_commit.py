@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -146,17 +146,22 @@ def actions(
     txns: Sequence[tuple[str, int]],
     meta: dict[str, Any],
     key: str,
+    removes: Mapping[str, tuple[int, int]] | None = None,
+    schema_string: str | None = None,
 ) -> list[dict[str, Any]]:
     """The actions of an append of ``adds`` to the table of ``tail``: its commitInfo (as
-    deltalake's and Spark's, with our record under ``key``), app transactions, adds."""
+    deltalake's and Spark's, with our record under ``key``), app transactions, adds. With
+    ``removes`` (storage path -> (size, rows) of files of an unpartitioned table) an
+    overwrite: those files removed, and with ``schema_string`` the table's new schema."""
     now = int(time.time() * 1000)
+    mode = "Append" if removes is None else "Overwrite"
     info = {
         "timestamp": now,
         "operation": "WRITE",
-        "operationParameters": {"mode": "Append", "partitionBy": json.dumps(tail.partition_by)},
+        "operationParameters": {"mode": mode, "partitionBy": json.dumps(tail.partition_by)},
         "readVersion": tail.version,
         "isolationLevel": "WriteSerializable",
-        "isBlindAppend": True,
+        "isBlindAppend": removes is None,
         "operationMetrics": {
             "numFiles": str(len(adds)),
             "numOutputRows": str(
@@ -169,7 +174,22 @@ def actions(
         key: meta,
     }
     out: list[dict[str, Any]] = [{"commitInfo": info}]
+    if schema_string is not None:
+        out.append({"metaData": {**tail.metadata, "schemaString": schema_string}})
     out += [{"txn": {"appId": a, "version": v, "lastUpdated": now}} for a, v in txns]
+    out += [
+        {
+            "remove": {
+                "path": log_path(path),
+                "deletionTimestamp": now,
+                "dataChange": True,
+                "extendedFileMetadata": True,
+                "partitionValues": {},
+                "size": size,
+            }
+        }
+        for path, (size, _) in sorted((removes or {}).items())
+    ]
     out += [
         {
             "add": {

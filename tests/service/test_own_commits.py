@@ -223,3 +223,61 @@ def test_a_repeated_commit_of_the_same_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="already part of dataset"):
         store.commit("t", "append", schema, (), files)
     assert store.describe("t").rows == 3
+
+
+def test_overwrites_of_a_stream_in_complete_mode_load_no_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overwrite that began at the latest version (a complete-mode micro-batch) is
+    committed from the kept tail: its files replace every live one, a new schema comes in a
+    metaData action, and nothing loads the table; a blind append that takes the version
+    first is kept (WriteSerializable), as on deltalake's path."""
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 3))
+    store.snapshot("t")
+    loads: list[object] = []
+    real = tables.Tables.open_table
+    monkeypatch.setattr(
+        tables.Tables, "open_table", lambda self, *a, **k: loads.append(a) or real(self, *a, **k)
+    )
+    for k in range(3):
+        began = store.snapshot("t").version
+        schema, files = stage(store, "t", rows(100 * k, 2), mode="overwrite")
+        result = store.commit(
+            "t", "overwrite", schema, (), files, app_id="q", app_version=k, replaces=began
+        )
+        assert result.version == began + 1
+        assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == [100 * k, 100 * k + 1]
+    wide = pa.table({"id": pa.array([7], pa.int64()), "p": ["a"], "extra": [1.5]})
+    schema, files = stage(store, "t", wide, mode="overwrite", overwrite_schema=True)
+    store.commit("t", "overwrite", schema, (), files, overwrite_schema=True, replaces=4)
+    assert loads == []
+    table = DeltaTable(store.uri("t"))
+    assert table.schema().to_arrow().names == ["id", "p", "extra"]
+    assert table.to_pyarrow_table().column("extra").to_pylist() == [1.5]
+    assert table.transaction_version("q") == 2
+    # a blind append takes the version first: read, kept, the overwrite lands after it
+    original = delta_commit.put_if_absent
+    taken = {"left": 1}
+
+    def contended(table_dir: str, version: int, body: bytes) -> Any:
+        if taken["left"]:
+            taken["left"] -= 1
+            write_deltalake(store.uri("t"), wide.replace_schema_metadata(None), mode="append")
+        return original(table_dir, version, body)
+
+    monkeypatch.setattr(delta_commit, "put_if_absent", contended)
+    again = pa.table({"id": pa.array([8], pa.int64()), "p": ["b"], "extra": [2.5]})
+    schema, files = stage(store, "t", again, mode="overwrite")
+    result = store.commit("t", "overwrite", schema, (), files, replaces=5)
+    assert result.version == 7
+    assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == [7, 8]  # the append kept
+    # change feed of the overwrite: the old file's rows deleted, the new inserted
+    cdf = pa.table(
+        DeltaTable(store.uri("t")).load_cdf(starting_version=7, ending_version=7).read_all()
+    )
+    assert sorted(zip(cdf["id"].to_pylist(), cdf["_change_type"].to_pylist(), strict=True)) == [
+        (7, "delete"),
+        (8, "insert"),
+    ]

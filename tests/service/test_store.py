@@ -382,12 +382,14 @@ def test_overwrite_conflict_is_reported(local: Store, monkeypatch: pytest.Monkey
     def fail(*args, **kwargs):
         raise CommitFailedError("a concurrent transaction deleted data this operation read")
 
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", fail)
-    with pytest.raises(Conflict, match="retry the commit") as e:
-        local.commit("d", "overwrite", schema, (), staged)
-    assert e.value.code == "CONFLICT"
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", fail)  # deltalake's path
     monkeypatch.setattr(delta_commit, "put_if_absent", lambda *a: None)  # every version taken
     monkeypatch.setattr(group_commit.time, "sleep", lambda s: None)
+    with pytest.raises(Conflict, match="retry the commit") as e:
+        local.commit("d", "overwrite", schema, (), staged)  # the service's own
+    assert e.value.code == "CONFLICT"
+    with pytest.raises(Conflict, match="retry the commit"):
+        local.commit("d", "overwrite", schema, (), staged, replaces=0)  # began before: deltalake
     with pytest.raises(Conflict):
         local.commit("d", "append", schema, (), staged)  # after our retries
 

@@ -228,9 +228,15 @@ def section(data: dict[str, Any]) -> list[str]:
         ]
         for kind in ("local", "seaweedfs"):
             if kind in appends:
+                service = appends[kind].get("service_ms", {})
                 cells = [
                     f"{f['median_ms']:.1f} ms ({f['ratio']:.2f}x)"
-                    for f in appends[kind]["appends"].values()
+                    + (
+                        f"; service begin/write/commit {_ops(service[f'appends_{n}'])} ms"
+                        if f"appends_{n}" in service
+                        else ""
+                    )
+                    for n, f in appends[kind]["appends"].items()
                 ]
                 lines.append(
                     f"| {kind} (load {appends[kind]['load_start']:.1f}) | {' | '.join(cells)} |"
@@ -240,6 +246,10 @@ def section(data: dict[str, Any]) -> list[str]:
     for _, label, value, target, load_ in rows(data):
         lines.append(f"| {label} | {value} | {target} | {load_} |")
     return [*lines, ""]
+
+
+def _ops(ms: dict[str, float]) -> str:
+    return "/".join(f"{ms.get(op, 0):.1f}" for op in ("begin", "write", "commit"))
 
 
 def rows(data: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:

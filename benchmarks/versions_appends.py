@@ -101,6 +101,24 @@ def rounds(svc: Any, names: list[str], count: int, batch: pa.Table) -> dict[str,
         client.close()
 
 
+def service_medians(log: Path, names: list[str], count: int) -> dict[str, dict[str, float]]:
+    """The service's own time for each request of an append (its access log's
+    ``duration_ms``), median of each dataset's first ``count`` of each kind: the part of an
+    append that could grow with the log, without the client and the network around it."""
+    import re
+
+    found: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    pattern = re.compile(r"op=(begin|write|commit) dataset=(\S+) .*duration_ms=([0-9.]+)")
+    for line in log.read_text().splitlines():
+        m = pattern.search(line)
+        if m and m.group(2) in found:
+            found[m.group(2)].setdefault(m.group(1), []).append(float(m.group(3)))
+    return {
+        name: {op: statistics.median(ms[:count]) for op, ms in ops.items() if ms}
+        for name, ops in found.items()
+    }
+
+
 def figures(times: dict[str, list[float]], lengths: list[int]) -> dict[str, Any]:
     base = statistics.median(times[f"appends_{lengths[0]}"])
     out = {}
@@ -161,6 +179,7 @@ def run(
                 svc.stop()
             result[kind] = {
                 "appends": figures(times, lengths),
+                "service_ms": service_medians(tmp / f"service-{kind}.log", names, count + 2),
                 "load_start": load_start,
                 "load_end": os.getloadavg()[0],
             }

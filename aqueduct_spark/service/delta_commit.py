@@ -34,6 +34,7 @@ instead (:func:`hooks`, :func:`after_commit`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import logging
@@ -41,7 +42,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -223,6 +224,66 @@ def put_if_absent(table_dir: str, version: int, body: bytes) -> FileKey:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+Putter = Callable[[int, bytes], FileKey]
+"""Writes the commit file of a version unless it exists: its key, or None when it did."""
+
+
+def putter(tables: Any, name: str) -> Putter | None:
+    """How to put dataset ``name``'s next commit file if absent: on a local root a hard
+    link (:func:`put_if_absent`); on S3 a conditional put (``If-None-Match``, as deltalake's
+    own commit makes it) when the store options say the store has them
+    (``AWS_CONDITIONAL_PUT``) and name no other locking (a DynamoDB lock table, unsafe
+    renames), through ``obstore``, the same Rust ``object_store`` deltalake writes with.
+    None: deltalake commits (other stores, or options ``obstore`` does not take)."""
+    local = tables.local_dir(name)
+    if local is not None:
+        return lambda version, body: put_if_absent(local, version, body)
+    options = {k.upper(): v for k, v in (tables.storage_options or {}).items()}
+    uri = tables.uri(name)
+    if not uri.startswith(("s3://", "s3a://")) or "AWS_CONDITIONAL_PUT" not in options:
+        return None
+    if "AWS_S3_LOCKING_PROVIDER" in options or options.get(
+        "AWS_S3_ALLOW_UNSAFE_RENAME", ""
+    ).lower() in ("true", "1"):
+        return None
+    store = _object_store(uri, tuple(sorted(options.items())))
+    if store is None:
+        return None
+    fs = tables.filesystem(name)
+
+    def put(version: int, body: bytes) -> FileKey:
+        import obstore
+
+        try:
+            obstore.put(store, f"_delta_log/{version:020d}.json", body, mode="create")
+        except obstore.exceptions.AlreadyExistsError:
+            return None
+        from .log_tail import file_key
+
+        return file_key(fs.get_file_info(f"_delta_log/{version:020d}.json"))
+
+    return put
+
+
+@functools.lru_cache(maxsize=64)
+def _object_store(uri: str, options: tuple[tuple[str, str], ...]) -> Any:
+    """An ``obstore`` store of the table at ``uri`` (None if it cannot make one)."""
+    try:
+        from obstore.store import from_url
+    except ImportError:
+        return None
+    config = dict(options)
+    allow_http = config.pop("AWS_ALLOW_HTTP", "false").lower() in ("true", "1")
+    config.pop("AWS_CONDITIONAL_PUT", None)  # a create is If-None-Match by itself
+    if "AWS_ENDPOINT_URL" in config:
+        config["AWS_ENDPOINT"] = config.pop("AWS_ENDPOINT_URL")
+    try:
+        return from_url(uri, config=config, client_options={"allow_http": allow_http})  # type: ignore[call-overload]
+    except Exception as exc:  # an option only deltalake knows: deltalake commits
+        log.info("commits to %s go through deltalake: %s", uri, exc)
+        return None
 
 
 def encode(actions_: Sequence[dict[str, Any]]) -> bytes:

@@ -279,8 +279,8 @@ def _commit_batch(
     tail = state.tail
     assert tail is not None
     fs = tables.filesystem(name)
-    local = tables.local_dir(name)
-    own = local is not None and delta_commit.blocker(tail) is None
+    put = delta_commit.putter(tables, name) if delta_commit.blocker(tail) is None else None
+    own = put is not None
     for _ in range(REBASES if own else 1):
         live = _check(name, state, batch, out)
         if not live:
@@ -297,11 +297,10 @@ def _commit_batch(
             for a in (batch[i] for i in live)
             if a.app_id is not None and a.app_version is not None
         ]
-        if own:
-            assert local is not None
+        if put is not None:
             version = tail.version + 1
             actions = delta_commit.actions(tail, adds, txns, meta, METADATA_KEY)
-            key = delta_commit.put_if_absent(local, version, delta_commit.encode(actions))
+            key = put(version, delta_commit.encode(actions))
             if key is None:  # another writer won this version: read it, check again
                 try:
                     log_tail.advance(tail, fs)

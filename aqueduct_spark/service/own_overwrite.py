@@ -46,8 +46,8 @@ def overwrite(
 ) -> CommitResult | None:
     """The overwrite of dataset ``name`` by ``files``, committed here; None: it takes
     deltalake's path (see the module docstring)."""
-    local = tables.local_dir(name)
-    if local is None:
+    put = delta_commit.putter(tables, name)
+    if put is None:
         return None
     with tables.latest_state(name) as state:
         tail = state.tail
@@ -82,7 +82,7 @@ def overwrite(
             actions = delta_commit.actions(
                 tail, adds, txns, meta, METADATA_KEY, replaced, new if changed else None
             )
-            key = delta_commit.put_if_absent(local, version, delta_commit.encode(actions))
+            key = put(version, delta_commit.encode(actions))
             if key is not None:
                 tail.apply(version, key, actions)
                 delta_commit.after_commit(

@@ -281,3 +281,24 @@ def test_overwrites_of_a_stream_in_complete_mode_load_no_table(
         (7, "delete"),
         (8, "insert"),
     ]
+
+
+def test_appends_on_s3_are_conditional_puts_of_the_next_commit(seaweed: Any) -> None:
+    """On S3 (SeaweedFS) with conditional puts declared, the service puts the next commit
+    file with If-None-Match, as deltalake's own commit does, without deltalake's commit
+    (which keeps every live file in memory and rewrites that list on each commit): a version
+    deltalake's writer took first is read and the append lands after it."""
+    store = Store(f"{seaweed.root}/own-commits", storage_options=seaweed.storage_options)
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 2), app_id="job", app_version=1)
+    actions = log_entry(store, "t", 1)
+    assert delta_log.commit_info(actions)["engineInfo"].startswith("aqueduct-spark/")
+    write_deltalake(
+        store.uri("t"), rows(50, 1), mode="append", storage_options=seaweed.storage_options
+    )
+    schema, files = stage(store, "t", rows(10, 2))
+    assert store.commit("t", "append", schema, (), files).version == 3  # version 2 taken
+    table = DeltaTable(store.uri("t"), storage_options=seaweed.storage_options)
+    assert ids_of(table.to_pyarrow_table()) == [0, 1, 10, 11, 50]
+    assert table.transaction_version("job") == 1
+    assert delta_commit.putter(Store(f"{seaweed.root}/x"), "t") is None  # no options: deltalake

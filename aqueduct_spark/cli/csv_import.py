@@ -147,8 +147,9 @@ class Chunk:
         return f"lines {self.first_line:,}-{last:,}"
 
 
-def chunks(path: str, size: int = CHUNK_BYTES) -> Iterator[Chunk]:
-    """``path`` in chunks of whole lines."""
+def chunks(path: str, size: int | None = None) -> Iterator[Chunk]:
+    """``path`` in chunks of whole lines, of about ``size`` bytes (:data:`CHUNK_BYTES`)."""
+    size = size or CHUNK_BYTES
     line, index, rest = 1, 0, b""
     with open(path, "rb") as f:
         while True:

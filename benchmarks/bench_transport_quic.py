@@ -33,7 +33,7 @@ from aqueduct_core.engine import EngineConfig
 from aqueduct_core.transport import ClientTLS, ServerTLS, TransportConfig, connect, serve
 from aqueduct_core.transport.backends import Backend, apply_aioquic, load
 from aqueduct_core.transport.endpoints import _quic_config
-from aqueduct_core.transport.quic import udp_socket
+from aqueduct_core.transport.udp import udp_socket
 
 HOST = "127.0.0.1"
 _PAYLOADS: dict[int, bytes] = {}

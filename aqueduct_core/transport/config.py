@@ -14,9 +14,10 @@ from typing import Literal
 
 from aqueduct_core.engine.config import EngineConfig
 from aqueduct_core.transport.mux import TcpSettings
+from aqueduct_core.transport.web_config import WebSettings
 
 Backend = Literal["auto", "aioquic", "qh3"]
-Transport = Literal["auto", "quic", "tcp"]
+Transport = Literal["auto", "quic", "tcp", "webtransport", "websocket"]
 
 AIOQUIC_MAX_PACKET = 16384
 """aioquic writes every STREAM frame length in 2 bytes: packets above 16414 corrupt data."""
@@ -63,6 +64,9 @@ class TransportConfig:
     after ``tcp.race_delay`` if QUIC has not answered (``AQUEDUCT_TRANSPORT`` overrides it)."""
     tcp: TcpSettings = field(default_factory=TcpSettings)
     """Aqueduct over TCP: multiplexer limits and socket knobs."""
+    web: WebSettings = field(default_factory=WebSettings)
+    """Aqueduct for browsers: WebTransport on the UDP port, WebSocket on the TCP port
+    (``serve`` accepts them only when enabled here; profile §8, §9)."""
     stream_high_water: int = 1024 * 1024
     """Bytes of one stream handed to the QUIC library at a time; the rest waits, without a
     copy, in the adapter (aioquic re-copies its whole unacked buffer on every ACK)."""

@@ -63,7 +63,7 @@ from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
 
-TRANSPORTS = ("auto", "quic", "tcp")
+TRANSPORTS = ("auto", "quic", "tcp", "webtransport", "websocket")
 REMEMBER = 600.0
 """Seconds a service's winning transport is remembered (then the race runs again)."""
 
@@ -77,9 +77,9 @@ def resolve_transport(choice: str | None, config: TransportConfig | None = None)
     if name == "auto":
         name = os.environ.get("AQUEDUCT_TRANSPORT", "").strip().lower() or "auto"
         if name not in TRANSPORTS:
-            raise ValueError(f"AQUEDUCT_TRANSPORT={name!r}: use auto, quic or tcp")
+            raise ValueError(f"AQUEDUCT_TRANSPORT={name!r}: use {', '.join(TRANSPORTS)}")
     if name not in TRANSPORTS:
-        raise ValueError(f"unknown transport {name!r}: use auto, quic or tcp")
+        raise ValueError(f"unknown transport {name!r}: use {', '.join(TRANSPORTS)}")
     return cast(Transport, name)
 
 
@@ -121,8 +121,12 @@ async def connect(
     choice = resolve_transport(transport, config)
     if choice == "quic":
         conn = await _quic(host, port, headers, tls, config, codecs, quic_options)
-    elif choice == "tcp":
-        conn = await _tcp(host, port, headers, tls, config, codecs)
+    elif choice == "tcp" or choice == "websocket":
+        conn = await _tcp(host, port, headers, tls, config, codecs, choice == "websocket")
+    elif choice == "webtransport":
+        conn = await endpoints.connect(
+            host, port, headers=headers, tls=tls, config=config, codecs=codecs, webtransport=True
+        )
     else:
         conn = await _auto(host, port, headers, tls, config, codecs, quic_options)
     log.debug("connected to %s:%d over %s", host, port, conn.transport)
@@ -248,15 +252,18 @@ async def _tcp(
     tls: ClientTLS,
     config: TransportConfig,
     codecs: dict[str, Codec],
+    websocket: bool = False,
 ) -> Connection:
     engine_cfg = config.engine
 
     def make() -> Connection:
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)
 
-    target = f"tcp://{host}:{port}"
+    target = f"{'wss' if websocket else 'tcp'}://{host}:{port}"
     try:
-        return await connect_tcp(host, port, make_connection=make, tls=tls, config=config)
+        return await connect_tcp(
+            host, port, make_connection=make, tls=tls, config=config, websocket=websocket
+        )
     except PinMismatch as exc:
         raise ConnectError(f"{target}: {exc}") from None
     except ssl.SSLError as exc:

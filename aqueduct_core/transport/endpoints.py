@@ -29,7 +29,7 @@ from aqueduct_core.transport.config import (
     resolve_backend,
     zero_rtt_enabled,
 )
-from aqueduct_core.transport.quic import protocol_class, udp_socket
+from aqueduct_core.transport.quic import protocol_class
 from aqueduct_core.transport.reset import (
     Responder,
     install_tokens,
@@ -47,7 +47,11 @@ from aqueduct_core.transport.tls import (
     normalize_fingerprint,
     warn_insecure,
 )
-from aqueduct_core.transport.udp import UdpTransport, connect_to, create_endpoint
+from aqueduct_core.transport.udp import UdpTransport, connect_to, create_endpoint, udp_socket
+from aqueduct_core.transport.web_config import H3_ALPN
+from aqueduct_core.transport.webtransport import webtransport_backend, webtransport_class
+from aqueduct_core.transport.wt_cert import ATTR as ALPN_CERTS
+from aqueduct_core.transport.wt_cert import WebTransportCertificates, install_aioquic_hook
 from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
@@ -112,9 +116,12 @@ async def connect(
     config: TransportConfig | None = None,
     codecs: dict[str, Codec] | None = None,
     early_data: bool = False,
+    webtransport: bool = False,
 ) -> Connection:
     """Connect to an Aqueduct server; returns once the handshake (QUIC, then Aqueduct's
     connection headers) completed. ``headers`` are sent as our connection headers.
+    ``webtransport``: as a browser does, in a WebTransport session (profile §8; pin the
+    server's WebTransport certificate, ``server.webtransport_fingerprints``).
 
     With ``early_data=True`` and a session ticket from an earlier connection to the same
     server in this process, it returns at once: what is sent next rides 0-RTT, a round trip
@@ -125,6 +132,8 @@ async def connect(
     tls = tls or ClientTLS()
     backend = load(resolve_backend(config.backend))
     qc = _quic_config(backend, config, True, host)
+    if webtransport:
+        qc.alpn_protocols = [H3_ALPN]
     qc.server_name = tls.server_name or host
     pin = None
     if tls.fingerprint is not None:
@@ -149,9 +158,16 @@ async def connect(
     bind = "::" if family == socket.AF_INET6 else "0.0.0.0"
     sock = udp_socket(bind, 0, config.socket_buffer, family)
     told = connect_to(sock, addr)  # ICMP errors reach a connected socket only
-    quic, resuming = _client_quic(backend, config, qc, (host, port, tls))
-    proto_cls = protocol_class(backend)
+    quic, resuming = _client_quic(
+        backend, config.with_(zero_rtt=not webtransport and config.zero_rtt), qc, (host, port, tls)
+    )
     engine_cfg = config.engine
+    options: dict[str, Any] = {}
+    if webtransport:
+        proto_cls = webtransport_class(backend)
+        options = {"web": config.web, "authority": f"{host}:{port}"}
+    else:
+        proto_cls = protocol_class(backend)
 
     def make() -> Connection:
         return Connection(client_engine(engine_cfg, headers, codecs), codecs)
@@ -160,7 +176,12 @@ async def connect(
         transport, protocol = await create_endpoint(
             loop,
             lambda: proto_cls(
-                quic, config=config, make_connection=make, pin=pin, pacing=pacing_for(config, host)
+                quic,
+                config=config,
+                make_connection=make,
+                pin=pin,
+                pacing=pacing_for(config, host),
+                **options,
             ),
             sock=sock,
             gso=config.udp_offload,
@@ -169,14 +190,14 @@ async def connect(
     except BaseException:
         sock.close()
         raise
-    conn: Connection = protocol.conn
     refused: list[OSError] = []
     if told and isinstance(transport, UdpTransport):
 
         def unreachable(exc: OSError) -> None:
             # Only before the handshake, where nothing else can tell a closed port from a
             # slow server; afterwards QUIC's own timers judge (an ICMP error can be forged).
-            if not conn.handshake_confirmed and not refused:
+            conn = protocol.conn
+            if (conn is None or not conn.handshake_confirmed) and not refused:
                 refused.append(exc)
                 transport.close()
 
@@ -189,11 +210,11 @@ async def connect(
     if resuming:
         protocol.connect_early(addr)
         if early_data and protocol.zero_rtt:
-            return conn
+            return protocol.conn  # type: ignore[no-any-return]
     else:
         protocol.connect(addr)
     try:
-        await asyncio.wait_for(conn.wait_ready(), config.handshake_timeout)
+        await asyncio.wait_for(_ready(protocol), config.handshake_timeout)
     except asyncio.CancelledError:
         # The race in dial.py cancels the losing attempt: tell the server at once, so its
         # half-open connection ends now rather than at its idle timeout.
@@ -202,10 +223,12 @@ async def connect(
             protocol.transmit()
         protocol._transport.close()
         raise
-    except (TimeoutError, ConnectionLost) as exc:
+    except (TimeoutError, ConnectionLost, ConnectionError) as exc:
         protocol._transport.close()
         if protocol.pin_error is not None:
             raise ConnectError(f"{target}: {protocol.pin_error}") from None
+        if getattr(protocol, "refused", None):
+            raise ConnectError(f"{target}: {protocol.refused}") from None
         if refused:
             reason = unreachable_reason(refused[0], "quic")
             raise Refused(
@@ -222,7 +245,14 @@ async def connect(
             f"could not connect to {target}: {exc}. If this is a certificate problem, give the "
             "server's CA file (cafile=...) or pin its fingerprint (fingerprint=...)."
         ) from exc
-    return conn
+    return protocol.conn  # type: ignore[no-any-return]
+
+
+async def _ready(protocol: Any) -> None:
+    """The Aqueduct handshake completed (over WebTransport: once the session is open)."""
+    if protocol.conn is None:
+        await protocol.ready
+    await protocol.conn.wait_ready()
 
 
 def _client_quic(backend: Any, config: TransportConfig, qc: Any, server: Any) -> tuple[Any, bool]:
@@ -262,6 +292,14 @@ class Server:
         self._closed = asyncio.Event()
         self.tickets = ServerTickets()
         """Session tickets issued for 0-RTT, each accepted once (``tls.ServerTickets``)."""
+        self.webtransport: WebTransportCertificates | None = None
+        """With WebTransport on: the certificates browsers pin (``wt_cert.py``)."""
+
+    @property
+    def webtransport_fingerprints(self) -> list[str]:
+        """SHA-256 (hex) of the WebTransport certificate presented now and of the next one:
+        what a page passes as ``serverCertificateHashes``. Empty without WebTransport."""
+        return self.webtransport.fingerprints() if self.webtransport else []
 
     @property
     def ca_file(self) -> str | None:
@@ -322,7 +360,8 @@ async def serve(
     ``server.fingerprint`` or trust ``server.ca_file``.
     """
     config = config or TransportConfig()
-    backend = load(resolve_backend(config.backend))
+    web = config.web.webtransport
+    backend = load(webtransport_backend(config) if web else resolve_backend(config.backend))
     server = Server()
     if tls is None:
         server._tmp = tempfile.TemporaryDirectory(prefix="aqueduct-dev-cert-")
@@ -331,6 +370,12 @@ async def serve(
     qc = _quic_config(backend, config, False, host)
     qc.load_cert_chain(tls.certfile, tls.keyfile)
     server.fingerprint = file_fingerprint(tls.certfile)
+    alpn_certs: dict[str, Any] = {}
+    if web:
+        install_aioquic_hook()
+        server.webtransport = WebTransportCertificates(tls.keyfile)
+        qc.alpn_protocols = [config.alpn, H3_ALPN]
+        alpn_certs = {H3_ALPN: server.webtransport.current}
     codecs = codecs or builtin_codecs()
     proto_cls = protocol_class(backend)
     loop = asyncio.get_running_loop()
@@ -360,14 +405,22 @@ async def serve(
 
     reset_key = key_from_private_key(tls.keyfile)
 
+    options: dict[str, Any] = {}
+    if web:
+        proto_cls = webtransport_class(backend)
+        options = {"web": config.web}
+
     def create_protocol(quic: Any, stream_handler: Any = None) -> Any:
         install_tokens(quic, reset_key, backend.name)
+        if alpn_certs:
+            setattr(quic, ALPN_CERTS, alpn_certs)
         return proto_cls(
             quic,
             stream_handler,
             config=config,
             make_connection=make,
             pacing=pacing_for(config, host),
+            **options,
         )
 
     server_cls = resetting_server(backend.QuicServer)

@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import importlib
 import logging
-import socket
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -108,6 +107,7 @@ def _build(backend: Backend) -> type:
             make_connection: Callable[[], Connection],
             pin: str | None = None,
             pacing: bool = True,
+            defer: bool = False,
         ) -> None:
             if is_aioquic:
                 apply_aioquic(quic, pacing)
@@ -115,9 +115,11 @@ def _build(backend: Backend) -> type:
             self.config = config
             self.pin = pin
             self.pin_error: PinMismatch | None = None
-            self.conn = make_connection()
-            self.conn.attach_driver(self)
-            self.engine = self.conn.engine
+            self.reset_code = 0
+            """RESET_STREAM's code (the engine's are meaningless; WebTransport maps them)."""
+            self._make_connection = make_connection
+            self.conn: Connection = None  # type: ignore[assignment]
+            self.engine: Any = None
             self._pending: dict[int, deque[tuple[memoryview, bool]]] = {}
             self._pending_bytes = 0
             self._waiting: deque[tuple[int, Command]] = deque()
@@ -134,15 +136,25 @@ def _build(backend: Backend) -> type:
             """The batch gave the engine more than payload bytes: drain its outputs."""
             self.zero_rtt: bool | None = None
             """Client: None without 0-RTT, True when the server accepted it, False if not."""
-            if not self.is_client_side and zero_rtt_enabled(config):
-                # Profile §2.11: stream input before the handshake completes is 0-RTT data
-                # TLS accepted; the engine takes it at once, the application holds what is
-                # not safe to replay until Connection.wait_confirmed().
-                self.engine.early_data(self._loop.time())
             self._sized = False
             self._path_size: int | None = None
             """The packet size the path probes found (client: its search; pmtu.py)."""
             self._black_hole: BlackHoleDetector | None = None
+            if not defer:
+                self.start_connection()
+
+        def start_connection(self) -> Connection:
+            """Make the Aqueduct connection this QUIC connection carries (at once, unless
+            a subclass deferred it until the ALPN is known: webtransport.py)."""
+            self.conn = self._make_connection()
+            self.conn.attach_driver(self)
+            self.engine = self.conn.engine
+            if not self.is_client_side and zero_rtt_enabled(self.config):
+                # Profile §2.11: stream input before the handshake completes is 0-RTT data
+                # TLS accepted; the engine takes it at once, the application holds what is
+                # not safe to replay until Connection.wait_confirmed().
+                self.engine.early_data(self._loop.time())
+            return self.conn
 
         # -- engine commands (the Driver protocol) --------------------------------------
 
@@ -183,7 +195,7 @@ def _build(backend: Backend) -> type:
                 if dropped:
                     self._pending_bytes -= sum(len(view) for view, _ in dropped)
                 with contextlib.suppress(*lib_errors):
-                    self._quic.reset_stream(sid, 0)  # raises if already sent and acked
+                    self._quic.reset_stream(sid, self.reset_code)  # raises once acked
                 return
             data, fin = cmd.data, cmd.fin  # type: ignore[union-attr]
             queue = self._pending.get(sid)
@@ -537,25 +549,31 @@ def _build(backend: Backend) -> type:
             if self.zero_rtt and not event.early_data_accepted:
                 self.zero_rtt = False
                 log.debug("the server rejected 0-RTT: its stream data goes again in 1-RTT")
-            # A resumed session has no certificate: the ticket came from a connection whose
-            # certificate matched the pin (tickets are kept per pin, tls.ClientSessions).
-            if self.pin is not None and is_aioquic and not event.session_resumed:
-                cert = self._quic.tls._peer_certificate
-                from cryptography.hazmat.primitives.serialization import Encoding
-
-                got = hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
-                if got != self.pin:
-                    self.pin_error = PinMismatch(
-                        f"the server's certificate has fingerprint {got}, not the pinned {self.pin}; "
-                        "use the fingerprint the service printed when it started"
-                    )
-                    self.engine.close(now, CloseCode.PROTOCOL_VIOLATION, "certificate pin mismatch")
-                    return
+            if not self.pin_holds(event):
+                self.engine.close(now, CloseCode.PROTOCOL_VIOLATION, "certificate pin mismatch")
+                return
             self.engine.handshake_done(
                 now,
                 datagrams=self._quic._remote_max_datagram_frame_size is not None,
                 max_datagram=self.max_datagram_payload(),
             )
+
+        def pin_holds(self, event: Any) -> bool:
+            """aioquic: the pinned fingerprint matches (qh3 checks it itself). A resumed
+            session has no certificate: its ticket came from a connection whose certificate
+            matched the pin (tickets are kept per pin, tls.ClientSessions)."""
+            if self.pin is None or not is_aioquic or event.session_resumed:
+                return True
+            from cryptography.hazmat.primitives.serialization import Encoding
+
+            cert = self._quic.tls._peer_certificate
+            got = hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+            if got != self.pin:
+                self.pin_error = PinMismatch(
+                    f"the server's certificate has fingerprint {got}, not the pinned {self.pin}; "
+                    "use the fingerprint the service printed when it started"
+                )
+            return got == self.pin
 
         def _update_rtt(self) -> None:
             quic = self._quic
@@ -575,24 +593,3 @@ def _build(backend: Backend) -> type:
 
     AqueductProtocol.__name__ = f"AqueductProtocol[{backend.name}]"
     return AqueductProtocol
-
-
-def udp_socket(
-    host: str, port: int, buffer: int, family: int = socket.AF_INET, reuse_port: bool = False
-) -> socket.socket:
-    """A bound, non-blocking UDP socket with large kernel buffers. With ``reuse_port``
-    several processes can bind the same port; the kernel keeps each client on one of them."""
-    sock = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            sock.setsockopt(socket.SOL_SOCKET, opt, buffer)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind((host, port))
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock

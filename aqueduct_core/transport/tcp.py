@@ -34,6 +34,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 from aqueduct_core.api.connection import Connection
@@ -52,6 +53,7 @@ from aqueduct_core.errors import CloseCode
 from aqueduct_core.transport.config import TransportConfig
 from aqueduct_core.transport.mux import MuxConnection
 from aqueduct_core.transport.mux_wire import (
+    ALPN,
     ConnectionClosed,
     DatagramReceived,
     MuxEvent,
@@ -71,13 +73,14 @@ from aqueduct_core.transport.tls import (
 from aqueduct_core.transport.tls_stream import (
     TlsStream,
     client_context,
+    coalesce,
     server_context,
 )
+from aqueduct_core.transport.web_config import HTTP1_ALPN
+from aqueduct_core.transport.websocket import Responder, WsMux
 
 log = logging.getLogger("aqueduct.transport")
 
-SMALL = 4096
-"""Adjacent buffers below this size are joined before TLS (one record, not one each)."""
 CLOSE_GRACE = 2.0
 """Seconds a closing connection waits for the peer to close its side, at most."""
 HANDSHAKE_BUFFER = 16384
@@ -104,6 +107,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
         idle_timeout: float | None = None,
         on_open: Callable[[TcpProtocol], None] | None = None,
         on_closed: Callable[[TcpProtocol], None] | None = None,
+        websocket: Callable[..., MuxConnection] | None = None,
+        alpns: tuple[str, ...] = (ALPN,),
     ) -> None:
         self.client = client
         self.settings = settings
@@ -118,6 +123,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._server_hostname = server_hostname
         self._on_open = on_open
         self._on_closed = on_closed
+        self._websocket = websocket
+        """Makes the multiplexer inside a WebSocket (websocket.py) when ALPN is http/1.1."""
+        self._alpns = alpns
         self._loop = asyncio.get_running_loop()
         self._make_connection = make_connection
         self.tls_done: asyncio.Future[None] = self._loop.create_future()
@@ -158,7 +166,10 @@ class TcpProtocol(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
         self.tls = TlsStream(
-            self._ctx, server_side=not self.client, server_hostname=self._server_hostname
+            self._ctx,
+            server_side=not self.client,
+            server_hostname=self._server_hostname,
+            alpns=self._alpns,
         )
         if self._on_open is not None:
             self._on_open(self)
@@ -209,7 +220,11 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.conn.attach_driver(self)
         self.conn.peer = tuple(self.peer) if self.peer else None
         self.engine = self.conn.engine
-        self.mux = MuxConnection(
+        mux: Callable[..., MuxConnection] = MuxConnection
+        alpn = self.tls.obj.selected_alpn_protocol() if self.tls is not None else None
+        if self._websocket is not None and alpn == HTTP1_ALPN:
+            mux, self.conn.transport = self._websocket, "websocket"  # profile §9
+        self.mux = mux(
             self.client,
             self.mux_settings,
             now=now,
@@ -409,7 +424,7 @@ class TcpProtocol(asyncio.BufferedProtocol):
         while not self._paused and mux.has_data:
             bufs = mux.data_to_send(chunk)
             if bufs:
-                transport.write(tls.encrypt(_coalesce(bufs)))
+                transport.write(tls.encrypt(coalesce(bufs)))
         if mux.closed:
             self._pump()
             return
@@ -453,24 +468,6 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._arm_timer()
 
 
-def _coalesce(bufs: list[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Join runs of small buffers (frame headers, control frames) so TLS makes one record of
-    them; large payload views pass untouched."""
-    out: list[bytes | memoryview] = []
-    run: list[bytes | memoryview] = []
-    for b in bufs:
-        if len(b) < SMALL:
-            run.append(b)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else b"".join(run))
-            run = []
-        out.append(b)
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
-    return out
-
-
 def pin_of(tls: ClientTLS) -> str | None:
     return normalize_fingerprint(tls.fingerprint) if tls.fingerprint is not None else None
 
@@ -482,13 +479,17 @@ async def connect_tcp(
     make_connection: Callable[[], Connection],
     tls: ClientTLS,
     config: TransportConfig,
+    websocket: bool = False,
 ) -> Connection:
     """Open TLS/TCP to ``host:port`` and return the Aqueduct connection once its handshake
-    completed. Raises OSError/ssl.SSLError/TimeoutError/ConnectionLost/PinMismatch; the
-    caller words them for the user (``dial.connect``)."""
+    completed (``websocket``: inside a WebSocket, profile §9). Raises OSError/ssl.SSLError/
+    TimeoutError/ConnectionLost/PinMismatch; the caller words them for the user
+    (``dial.connect``)."""
     loop = asyncio.get_running_loop()
-    ctx = client_context(tls, host)
+    alpn = HTTP1_ALPN if websocket else ALPN
+    ctx = client_context(tls, host, alpn)
     protocol: TcpProtocol | None = None
+    ws = partial(WsMux, web=config.web, authority=f"{host}:{port}") if websocket else None
 
     def factory() -> TcpProtocol:
         nonlocal protocol
@@ -502,6 +503,8 @@ async def connect_tcp(
             server_hostname=tls.server_name or host,
             pin=pin_of(tls),
             idle_timeout=config.idle_timeout,
+            websocket=ws,
+            alpns=(alpn,),
         )
         return protocol
 
@@ -553,12 +556,17 @@ async def listen_tcp(
     make_connection: Callable[[], Connection],
     config: TransportConfig,
     reuse_port: bool = False,
+    responder: Responder | None = None,
 ) -> TcpListener:
     """Listen for Aqueduct over TLS/TCP on ``host:port`` (a port already used by the QUIC
-    side is fine: TCP and UDP ports are separate)."""
+    side is fine: TCP and UDP ports are separate), and over WebSocket there too when
+    ``config.web.websocket`` is on (``responder`` answers plain HTTP requests)."""
     loop = asyncio.get_running_loop()
-    ctx = server_context(tls)
+    web = config.web.websocket or responder is not None
+    alpns = (ALPN, HTTP1_ALPN) if web else (ALPN,)
+    ctx = server_context(tls, alpns)
     protocols: set[TcpProtocol] = set()
+    ws = partial(WsMux, web=config.web, responder=responder) if web else None
 
     def factory() -> TcpProtocol:
         proto = TcpProtocol(
@@ -571,6 +579,8 @@ async def listen_tcp(
             idle_timeout=config.idle_timeout,
             on_open=protocols.add,
             on_closed=protocols.discard,
+            websocket=ws,
+            alpns=alpns,
         )
         return proto
 

@@ -33,6 +33,8 @@ from typing import Any
 from aqueduct_core.transport.mux_wire import ALPN
 from aqueduct_core.transport.tls import ClientTLS, ServerTLS, warn_insecure
 
+SMALL = 4096
+"""Adjacent buffers below this size are joined before TLS (one record, not one each)."""
 ALERT_NO_APPLICATION_PROTOCOL = bytes.fromhex("15 0303 0002 02 78")
 """A TLSPlaintext record (RFC 8446 §5.1): content type alert (21), legacy record version
 0x0303, length 2, then level fatal (2) and description no_application_protocol (120)."""
@@ -45,8 +47,9 @@ class AlpnRefused(ssl.SSLError):
     remedy = "check that the address is an Aqueduct service's (aqueduct serve) and not another TLS server's"
 
 
-def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
-    """TLS 1.3 only, ALPN ``aqueduct-tcp``; verification as on QUIC (CA file, pin or none).
+def client_context(tls: ClientTLS, host: str, alpn: str = ALPN) -> ssl.SSLContext:
+    """TLS 1.3 only, ALPN ``aqueduct-tcp`` (``http/1.1`` for WebSocket); verification as on
+    QUIC (CA file, pin or none).
 
     With a pin (or ``insecure``) no CA is consulted, so the system's CA store is not loaded:
     parsing it cost 20-170 ms of CPU per connection here, paid by every Spark task."""
@@ -61,14 +64,16 @@ def client_context(tls: ClientTLS, host: str) -> ssl.SSLContext:
         if tls.cafile is not None or tls.cadata is not None:
             ctx.load_verify_locations(cafile=tls.cafile, cadata=tls.cadata)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols([ALPN])
+    ctx.set_alpn_protocols([alpn])
     return ctx
 
 
-def server_context(tls: ServerTLS) -> ssl.SSLContext:
+def server_context(tls: ServerTLS, alpns: tuple[str, ...] = (ALPN,)) -> ssl.SSLContext:
+    """``alpns``: the protocols served, in the server's order of preference (``aqueduct-tcp``,
+    and ``http/1.1`` where WebSocket is on)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols([ALPN])
+    ctx.set_alpn_protocols(list(alpns))
     ctx.load_cert_chain(tls.certfile, tls.keyfile)
     return ctx
 
@@ -79,8 +84,15 @@ class TlsStream:
     every call, :meth:`outgoing` holds the bytes to send (alerts included)."""
 
     def __init__(
-        self, ctx: ssl.SSLContext, *, server_side: bool, server_hostname: str | None = None
+        self,
+        ctx: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+        alpns: tuple[str, ...] = (ALPN,),
     ) -> None:
+        self.alpns = alpns
+        """The ALPN protocols this end accepts (a client: the one it offered)."""
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.obj = ctx.wrap_bio(
@@ -116,19 +128,20 @@ class TlsStream:
             done = False
         if self._gate and self._out.pending:
             self._gate = False  # OpenSSL processed the ClientHello and chose (or not) ALPN
-            if self.obj.selected_alpn_protocol() != ALPN:
+            if self.obj.selected_alpn_protocol() not in self.alpns:
                 self._out.read()  # the ServerHello never leaves
                 self._alert = ALERT_NO_APPLICATION_PROTOCOL
                 raise AlpnRefused(
-                    f"the client did not offer ALPN {ALPN!r}: use an Aqueduct client over TCP"
+                    f"the client did not offer ALPN {' or '.join(map(repr, self.alpns))}: "
+                    "use an Aqueduct client over TCP"
                 )
         if done:
             got = self.obj.selected_alpn_protocol()
-            if got != ALPN:  # a client whose server chose nothing (or a changed 2nd hello)
+            if got not in self.alpns:  # a client whose server chose nothing (or a changed hello)
                 self.close()
                 raise AlpnRefused(
-                    f"ALPN {ALPN!r} was not negotiated (got {got!r}): check that the address "
-                    "is an Aqueduct service's (aqueduct serve), not another TLS server's"
+                    f"ALPN {self.alpns[0]!r} was not negotiated (got {got!r}): check that the "
+                    "address is an Aqueduct service's (aqueduct serve), not another TLS server's"
                 )
             self.established = True
         return done
@@ -164,3 +177,21 @@ class TlsStream:
         # completed there is none to send (SSLError).
         with contextlib.suppress(ssl.SSLError):
             self.obj.unwrap()
+
+
+def coalesce(bufs: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Join runs of small buffers (frame headers, control frames) so TLS makes one record of
+    them; large payload views pass untouched."""
+    out: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    for b in bufs:
+        if len(b) < SMALL:
+            run.append(b)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(b)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out

@@ -513,3 +513,24 @@ async def create_endpoint(
     transport = UdpTransport(loop, sock, protocol, gso=gso, gro=gro)
     protocol.connection_made(transport)
     return transport, protocol
+
+
+def udp_socket(
+    host: str, port: int, buffer: int, family: int = socket.AF_INET, reuse_port: bool = False
+) -> socket.socket:
+    """A bound, non-blocking UDP socket with large kernel buffers. With ``reuse_port``
+    several processes can bind the same port; the kernel keeps each client on one of them."""
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, buffer)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

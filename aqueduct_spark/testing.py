@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ class ServiceProcess:
     fingerprint: str
     token: str | None
     port: int
+    webtransport_hashes: list[str] = field(default_factory=list)
+    """With ``--web``: the hashes a WebTransport client pins (ready line)."""
 
     @property
     def options(self) -> dict[str, str]:
@@ -121,7 +123,8 @@ def start_service(
         _end(proc)
         raise
     port = int(info["url"].rsplit(":", 1)[1])
-    return ServiceProcess(proc, root, info["url"], info["fingerprint"], token, port)
+    hashes = list(info.get("webtransport_hashes") or [])
+    return ServiceProcess(proc, root, info["url"], info["fingerprint"], token, port, hashes)
 
 
 def _ready_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve beyond loopback (--host) with no token at all; refused without it",
     )
+    s.add_argument(
+        "--web",
+        action="store_true",
+        help="also serve browsers: WebTransport on the UDP port, WebSocket on the TCP port "
+        "(docs/protocol-profile.md sections 8 and 9)",
+    )
     s.add_argument("--cert", help="certificate chain (PEM); default: a development certificate")
     s.add_argument("--key", help="private key (PEM) of --cert")
     s.add_argument(

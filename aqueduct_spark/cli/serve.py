@@ -25,6 +25,7 @@ from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import AqueductError
 from aqueduct_core.transport import ServerTLS, TransportConfig
 from aqueduct_core.transport.tls import file_fingerprint, format_fingerprint, make_dev_certificates
+from aqueduct_core.transport.web_config import WebSettings
 from aqueduct_spark.cli.maintenance import maintenance_config
 from aqueduct_spark.cli.staging import staging_config
 from aqueduct_spark.service import startup
@@ -151,6 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_pending_channels": args.max_pending_channels,
             "max_channels": args.max_channels,
         },
+        "web": args.web,
         "reuse_port": args.workers > 1,
         "maintenance": maintenance_config(args),
         "staging": staging_config(args),
@@ -165,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "root": root,
         "token_required": access.requires_token,
+        "webtransport_hashes": _webtransport_hashes(spec),
     }
     if args.workers <= 1:
         _check_metrics_ports([spec["metrics"]] if spec["metrics"] else [])
@@ -217,6 +220,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _web_settings(spec: dict[str, Any]) -> WebSettings:
+    """Browsers' transports: each where its own transport is served."""
+    on, served = spec["web"], _transports(spec["transport"])
+    return WebSettings(webtransport=on and "quic" in served, websocket=on and "tcp" in served)
+
+
+def _webtransport_hashes(spec: dict[str, Any]) -> list[str]:
+    """The hashes a page pins (the certificates every worker derives alike, wt_cert.py)."""
+    if not _web_settings(spec).webtransport:
+        return []
+    from aqueduct_core.transport.wt_cert import WebTransportCertificates
+
+    return WebTransportCertificates(spec["keyfile"]).fingerprints()
+
+
 def _print_banner(banner: dict[str, Any]) -> None:
     print(
         f"aqueduct: serving {banner['root']} on {banner['url']} "
@@ -227,6 +245,12 @@ def _print_banner(banner: dict[str, Any]) -> None:
     if banner["cafile"]:
         print(
             f"aqueduct: development CA {banner['cafile']} (clients: --cafile or --fingerprint)",
+            flush=True,
+        )
+    if banner["webtransport_hashes"]:
+        print(
+            "aqueduct: WebTransport certificate hashes (serverCertificateHashes, SHA-256): "
+            + ", ".join(banner["webtransport_hashes"]),
             flush=True,
         )
     print("aqueduct: to use it from another shell:", flush=True)
@@ -338,6 +362,7 @@ async def _serve_forever(
         packet_size=spec["packet_size"],
         transport=spec["transport"],
         engine=EngineConfig(**spec["engine"]),
+        web=_web_settings(spec),
     )
     try:
         service, server = await start(

@@ -40,7 +40,9 @@ slow: $(STAMP)
 # `make test` (and `make bench`). nftables: `nft` drops packets and ICMP in the real-path tests
 # (tests/core/test_realpath.py) and benchmark. A test that starts calling another Debian
 # program (chromium, chromedriver, ...) adds its package here (tests/test_packaging.py checks).
-DEBS := nftables
+# chromium: the browser tests (tests/browser, clients/typescript) drive Debian's headless
+# Chromium through Playwright.
+DEBS := nftables chromium chromium-driver
 
 # As root where apt-get exists (CI, a fresh machine): installs what is missing, and says
 # nothing when everything is there. Otherwise it names what is missing and how to install it,

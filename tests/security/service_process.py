@@ -8,7 +8,7 @@ Run as ``python tests/security/service_process.py COMMAND URL FINGERPRINT ...``:
   client awaiting its sends does) and prints ``SENT`` once the first is answered. Then each
   line on stdin makes it print ``ANSWERED <answers received so far>``, and an empty line
   makes it close the connection and print ``CLOSED``.
-- ``burst N OP``: issue 26's client: the project's own ``AsyncClient`` fires N requests
+- ``burst N OP [TRANSPORT]``: issue 26's client (over ``quic``, or ``tcp``): the project's own ``AsyncClient`` fires N requests
   ``OP`` (``list``, or ``describe`` of dataset ``flood``) at once with ``asyncio.gather``,
   never yielding between them; prints ``FIRST`` when the first answer arrives. Then each
   line on stdin makes it print ``ANSWERED <answers so far>``, or for ``stalled``,
@@ -182,7 +182,7 @@ async def flood(url: str, fingerprint: str, n: int, op: str) -> None:
     print("CLOSED", flush=True)
 
 
-async def burst(url: str, fingerprint: str, n: int, op: str) -> None:
+async def burst(url: str, fingerprint: str, n: int, op: str, transport: str = "quic") -> None:
     from aqueduct_core.transport import ClientTLS
     from aqueduct_spark.client import AsyncClient, ClientConfig
 
@@ -191,7 +191,7 @@ async def burst(url: str, fingerprint: str, n: int, op: str) -> None:
         tls=ClientTLS(fingerprint=fingerprint),
         retries=0,
         timeout=600,
-        transport=TransportConfig(transport="quic"),
+        transport=TransportConfig(transport=transport),  # type: ignore[arg-type]
     )
     client = AsyncClient(config)
     await client.list()  # connected: the burst starts on an open connection
@@ -257,7 +257,7 @@ if __name__ == "__main__":
     if command == "flood":
         asyncio.run(flood(url, fingerprint, int(rest[0]), rest[1]))
     elif command == "burst":
-        asyncio.run(burst(url, fingerprint, int(rest[0]), rest[1]))
+        asyncio.run(burst(url, fingerprint, int(rest[0]), *rest[1:]))
     elif command == "stall":
         asyncio.run(stall(url, fingerprint, int(rest[0]), rest[1]))
     else:

@@ -130,7 +130,7 @@ def negotiate(
     try:
         fixed = Compression.parse(text, "the channel's compression")
     except ValueError as exc:
-        raise InvalidRequest(f"unknown compression {text!r}: {exc}") from exc
+        raise InvalidRequest(f"unknown compression {text!r}: {exc}; send one of those") from exc
     if fixed.auto:
         raise InvalidRequest(
             "compression 'auto' is asked for with the codecs the reader decodes (header "

@@ -50,7 +50,7 @@ from aqueduct_core.transport.endpoints import (
     Server,
     unreachable_reason,
 )
-from aqueduct_core.transport.tcp import TcpListener, connect_tcp, listen_tcp
+from aqueduct_core.transport.tcp_endpoints import TcpListener, connect_tcp, listen_tcp
 from aqueduct_core.transport.tls import (
     ClientTLS,
     PinMismatch,
@@ -59,6 +59,7 @@ from aqueduct_core.transport.tls import (
     make_dev_certificates,
 )
 from aqueduct_core.transport.udp import UNREACHABLE
+from aqueduct_core.transport.websocket import Responder
 from aqueduct_core.wire.chanid import ENTRYPOINT
 
 log = logging.getLogger("aqueduct")
@@ -393,6 +394,43 @@ async def serve(
         )
         return server
     raise AssertionError("unreachable")
+
+
+async def serve_web(
+    server: Server,
+    handler: Handler,
+    host: str,
+    port: int,
+    *,
+    responder: Responder,
+    tls: ServerTLS | None = None,
+    headers: HeadersHook | None = None,
+    config: TransportConfig | None = None,
+    codecs: dict[str, Codec] | None = None,
+    reuse_port: bool = False,
+) -> TcpListener:
+    """A web port beside ``server`` (the console's, ``aqueduct serve --console``): HTTPS, and
+    plain HTTP from this machine; ``responder`` answers plain requests, and ``/aqueduct``
+    upgrades to Aqueduct over WebSocket served by ``handler`` like the server's own
+    connections (profile §9). ``server.close()`` closes it too."""
+    config = config or TransportConfig()
+    if tls is None:
+        assert server.dev_certificates is not None, "a server without tls has its own"
+        tls = server.dev_certificates.server_tls
+    listener = await listen_tcp(
+        host,
+        port,
+        tls=tls,
+        make_connection=_maker(server, handler, headers, config, codecs or builtin_codecs()),
+        config=config,
+        reuse_port=reuse_port,
+        responder=responder,
+    )
+    if isinstance(server._quic_server, _Listeners):
+        server._quic_server.listeners.append(listener)
+    else:
+        server._quic_server = _Listeners(server._quic_server, listener)
+    return listener
 
 
 def _maker(

@@ -50,7 +50,6 @@ from aqueduct_core.engine import (
     Connection as Engine,
 )
 from aqueduct_core.errors import CloseCode
-from aqueduct_core.transport.config import TransportConfig
 from aqueduct_core.transport.mux import MuxConnection
 from aqueduct_core.transport.mux_wire import (
     ALPN,
@@ -65,29 +64,31 @@ from aqueduct_core.transport.mux_wire import (
 )
 from aqueduct_core.transport.tcp_info import tcp_path_sample
 from aqueduct_core.transport.tls import (
-    ClientTLS,
     PinMismatch,
-    ServerTLS,
-    normalize_fingerprint,
 )
 from aqueduct_core.transport.tls_stream import (
+    PlainStream,
     TlsStream,
     client_context,
     coalesce,
     server_context,
 )
 from aqueduct_core.transport.web_config import HTTP1_ALPN
-from aqueduct_core.transport.websocket import Responder, WsMux
 
 log = logging.getLogger("aqueduct.transport")
 
 CLOSE_GRACE = 2.0
 """Seconds a closing connection waits for the peer to close its side, at most."""
+PLAIN_REFUSED = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 55\r\n"
+    b"Connection: close\r\n\r\nthis port speaks HTTPS to other machines: use https://\n"
+)
+"""The answer to plain HTTP from a peer that may not use it (the token would cross in clear)."""
 HANDSHAKE_BUFFER = 16384
 """The receive buffer until TLS completes (a ClientHello fits; a connection that never
 completes its handshake costs no more)."""
 
-__all__ = ["TcpProtocol", "client_context", "connect_tcp", "listen_tcp", "server_context"]
+__all__ = ["TcpProtocol", "client_context", "server_context"]
 
 
 class TcpProtocol(asyncio.BufferedProtocol):
@@ -108,7 +109,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
         on_open: Callable[[TcpProtocol], None] | None = None,
         on_closed: Callable[[TcpProtocol], None] | None = None,
         websocket: Callable[..., MuxConnection] | None = None,
-        alpns: tuple[str, ...] = (ALPN,),
+        alpns: tuple[str | None, ...] = (ALPN,),
+        plain: Callable[[Any], bool] | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -126,6 +128,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self._websocket = websocket
         """Makes the multiplexer inside a WebSocket (websocket.py) when ALPN is http/1.1."""
         self._alpns = alpns
+        self._plain = plain
+        """A server port that also takes plain HTTP (the console's): whether this peer may
+        (its address in); TLS or not is told by the first byte."""
         self._loop = asyncio.get_running_loop()
         self._make_connection = make_connection
         self.tls_done: asyncio.Future[None] = self._loop.create_future()
@@ -165,16 +170,33 @@ class TcpProtocol(asyncio.BufferedProtocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=self.settings.write_high_water)
-        self.tls = TlsStream(
+        if self._plain is None:
+            self.tls = self._tls_stream()
+        if self._on_open is not None:
+            self._on_open(self)
+        if self.tls is not None:
+            self._handshake()
+        self._arm_timer()
+
+    def _tls_stream(self) -> TlsStream:
+        return TlsStream(
             self._ctx,
             server_side=not self.client,
             server_hostname=self._server_hostname,
             alpns=self._alpns,
         )
-        if self._on_open is not None:
-            self._on_open(self)
-        self._handshake()
-        self._arm_timer()
+
+    def _first_byte(self, first: int) -> TlsStream | None:
+        """A port that takes plain HTTP too: a TLS record starts with 22 (handshake); any
+        other first byte is plain HTTP, served only to peers ``plain`` allows (loopback)."""
+        assert self._plain is not None and self._transport is not None
+        if first == 0x16:
+            return self._tls_stream()
+        if self._plain(self.peer):
+            return PlainStream()
+        self._transport.write(PLAIN_REFUSED)
+        self._shutdown()
+        return None
 
     def _handshake(self) -> None:
         """Advance TLS; once it completed (and the pin holds), start the multiplexer."""
@@ -222,8 +244,9 @@ class TcpProtocol(asyncio.BufferedProtocol):
         self.engine = self.conn.engine
         mux: Callable[..., MuxConnection] = MuxConnection
         alpn = self.tls.obj.selected_alpn_protocol() if self.tls is not None else None
-        if self._websocket is not None and alpn == HTTP1_ALPN:
-            mux, self.conn.transport = self._websocket, "websocket"  # profile §9
+        if self._websocket is not None and alpn in (HTTP1_ALPN, None):  # profile §9
+            secure = not isinstance(self.tls, PlainStream)
+            mux, self.conn.transport = partial(self._websocket, secure=secure), "websocket"
         self.mux = mux(
             self.client,
             self.mux_settings,
@@ -246,6 +269,8 @@ class TcpProtocol(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         tls = self.tls
+        if tls is None and self._plain is not None and not self._closing and nbytes:
+            tls = self.tls = self._first_byte(self._raw[0])
         if self._closing or tls is None:
             return  # after our close, the peer's bytes are dropped until it closes too
         tls.receive(self._raw[:nbytes])
@@ -466,130 +491,3 @@ class TcpProtocol(asyncio.BufferedProtocol):
             self.conn._flush()
         self._pump()
         self._arm_timer()
-
-
-def pin_of(tls: ClientTLS) -> str | None:
-    return normalize_fingerprint(tls.fingerprint) if tls.fingerprint is not None else None
-
-
-async def connect_tcp(
-    host: str,
-    port: int,
-    *,
-    make_connection: Callable[[], Connection],
-    tls: ClientTLS,
-    config: TransportConfig,
-    websocket: bool = False,
-) -> Connection:
-    """Open TLS/TCP to ``host:port`` and return the Aqueduct connection once its handshake
-    completed (``websocket``: inside a WebSocket, profile §9). Raises OSError/ssl.SSLError/
-    TimeoutError/ConnectionLost/PinMismatch; the caller words them for the user
-    (``dial.connect``)."""
-    loop = asyncio.get_running_loop()
-    alpn = HTTP1_ALPN if websocket else ALPN
-    ctx = client_context(tls, host, alpn)
-    protocol: TcpProtocol | None = None
-    ws = partial(WsMux, web=config.web, authority=f"{host}:{port}") if websocket else None
-
-    def factory() -> TcpProtocol:
-        nonlocal protocol
-        protocol = TcpProtocol(
-            client=True,
-            settings=config.tcp,
-            send_budget=config.send_budget,
-            make_connection=make_connection,
-            ctx=ctx,
-            handshake_timeout=config.handshake_timeout,
-            server_hostname=tls.server_name or host,
-            pin=pin_of(tls),
-            idle_timeout=config.idle_timeout,
-            websocket=ws,
-            alpns=(alpn,),
-        )
-        return protocol
-
-    # Shielded: a cancelled attempt (the loser of a race) runs on and is aborted once it
-    # finishes, so its socket is never left to the garbage collector.
-    attempt = asyncio.ensure_future(loop.create_connection(factory, host, port))
-    try:
-        transport, _ = await asyncio.shield(attempt)
-    except asyncio.CancelledError:
-        attempt.add_done_callback(_abort_when_done)
-        raise
-    assert protocol is not None
-    try:
-        await protocol.tls_done  # TLS, ALPN and the pin; TimeoutError past the deadline
-        await asyncio.wait_for(protocol.conn.wait_ready(), config.handshake_timeout)
-    except BaseException:
-        transport.abort()
-        raise
-    return protocol.conn
-
-
-def _abort_when_done(attempt: asyncio.Future[tuple[asyncio.Transport, Any]]) -> None:
-    """Close the connection a cancelled attempt opened anyway (or swallow its error)."""
-    if attempt.cancelled() or attempt.exception() is not None:
-        return
-    attempt.result()[0].abort()
-
-
-class TcpListener:
-    """The TCP side of a server: accepted connections and their handshakes."""
-
-    def __init__(self, server: asyncio.Server, protocols: set[TcpProtocol]) -> None:
-        self.server = server
-        self.protocols = protocols
-
-    def close(self) -> None:
-        self.server.close()
-        for proto in list(self.protocols):
-            transport = proto._transport
-            if transport is not None and not proto._closing and not transport.is_closing():
-                transport.abort()  # those already closing are sending their CLOSE
-
-
-async def listen_tcp(
-    host: str,
-    port: int,
-    *,
-    tls: ServerTLS,
-    make_connection: Callable[[], Connection],
-    config: TransportConfig,
-    reuse_port: bool = False,
-    responder: Responder | None = None,
-) -> TcpListener:
-    """Listen for Aqueduct over TLS/TCP on ``host:port`` (a port already used by the QUIC
-    side is fine: TCP and UDP ports are separate), and over WebSocket there too when
-    ``config.web.websocket`` is on (``responder`` answers plain HTTP requests)."""
-    loop = asyncio.get_running_loop()
-    web = config.web.websocket or responder is not None
-    alpns = (ALPN, HTTP1_ALPN) if web else (ALPN,)
-    ctx = server_context(tls, alpns)
-    protocols: set[TcpProtocol] = set()
-    ws = partial(WsMux, web=config.web, responder=responder) if web else None
-
-    def factory() -> TcpProtocol:
-        proto = TcpProtocol(
-            client=False,
-            settings=config.tcp,
-            send_budget=config.send_budget,
-            make_connection=make_connection,
-            ctx=ctx,
-            handshake_timeout=config.handshake_timeout,
-            idle_timeout=config.idle_timeout,
-            on_open=protocols.add,
-            on_closed=protocols.discard,
-            websocket=ws,
-            alpns=alpns,
-        )
-        return proto
-
-    server = await loop.create_server(
-        factory,
-        host,
-        port,
-        reuse_address=True,
-        reuse_port=reuse_port or None,
-        backlog=1024,
-    )
-    return TcpListener(server, protocols)

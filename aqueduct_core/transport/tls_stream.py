@@ -32,6 +32,7 @@ from typing import Any
 
 from aqueduct_core.transport.mux_wire import ALPN
 from aqueduct_core.transport.tls import ClientTLS, ServerTLS, warn_insecure
+from aqueduct_core.transport.web_config import HTTP1_ALPN
 
 SMALL = 4096
 """Adjacent buffers below this size are joined before TLS (one record, not one each)."""
@@ -68,12 +69,12 @@ def client_context(tls: ClientTLS, host: str, alpn: str = ALPN) -> ssl.SSLContex
     return ctx
 
 
-def server_context(tls: ServerTLS, alpns: tuple[str, ...] = (ALPN,)) -> ssl.SSLContext:
+def server_context(tls: ServerTLS, alpns: tuple[str | None, ...] = (ALPN,)) -> ssl.SSLContext:
     """``alpns``: the protocols served, in the server's order of preference (``aqueduct-tcp``,
-    and ``http/1.1`` where WebSocket is on)."""
+    and ``http/1.1`` where WebSocket is on; None: a client offering no ALPN is served too)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.set_alpn_protocols(list(alpns))
+    ctx.set_alpn_protocols([a for a in alpns if a is not None])
     ctx.load_cert_chain(tls.certfile, tls.keyfile)
     return ctx
 
@@ -89,7 +90,7 @@ class TlsStream:
         *,
         server_side: bool,
         server_hostname: str | None = None,
-        alpns: tuple[str, ...] = (ALPN,),
+        alpns: tuple[str | None, ...] = (ALPN,),
     ) -> None:
         self.alpns = alpns
         """The ALPN protocols this end accepts (a client: the one it offered)."""
@@ -195,3 +196,45 @@ def coalesce(bufs: list[bytes | memoryview]) -> list[bytes | memoryview]:
     if run:
         out.append(run[0] if len(run) == 1 else b"".join(run))
     return out
+
+
+class _NoTls:
+    def selected_alpn_protocol(self) -> str:
+        return HTTP1_ALPN
+
+    def getpeercert(self, binary_form: bool = False) -> None:
+        return None
+
+
+class PlainStream(TlsStream):
+    """:class:`TlsStream`'s face over plain bytes: HTTP without TLS, where a port serves it
+    (the console's, to loopback peers). The handshake is done at once, ALPN ``http/1.1``."""
+
+    def __init__(self) -> None:  # no SSL object: nothing of TlsStream's own state is used
+        self.obj = _NoTls()  # type: ignore[assignment]
+        self.alpns = (HTTP1_ALPN,)
+        self.server_side = True
+        self.established = True
+        self.eof = False
+        self._pending = bytearray()
+
+    def receive(self, data: bytes | memoryview) -> None:
+        self._pending += data
+
+    def outgoing(self) -> bytes:
+        return b""
+
+    def handshake(self) -> bool:
+        return True
+
+    def read_into(self, buf: memoryview) -> int:
+        n = min(len(buf), len(self._pending))
+        buf[:n] = self._pending[:n]
+        del self._pending[:n]
+        return n
+
+    def encrypt(self, bufs: Iterable[bytes | memoryview]) -> bytes:
+        return b"".join(bufs)
+
+    def close(self) -> None:
+        pass

@@ -50,8 +50,10 @@ _ws_log = logging.getLogger("aqueduct.transport.websocket")
 """The library's own records ("connection open" at INFO for every connection): warnings only."""
 _ws_log.setLevel(logging.WARNING)
 
-Responder = Callable[[Request], Response | None]
-"""Answers a plain HTTP request on a WebSocket port (the console's files); None: not mine."""
+Responder = Callable[[Request, bool], Response | None]
+"""Sees every HTTP request on a web port first (the console's: its files, and refusals of a
+``Host`` or ``Origin`` it does not serve, upgrade or not), told whether it came over TLS;
+None: not its own (the upgrade at the path goes on; anything else is 404)."""
 
 
 def http_response(
@@ -90,11 +92,14 @@ class WsMux(MuxConnection):
         web: WebSettings,
         authority: str = "",
         responder: Responder | None = None,
+        secure: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, settings, **kwargs)
         self.web = web
         self.responder = responder
+        self.secure = secure
+        """The bytes cross TLS (False: plain HTTP on loopback, the console's port)."""
         self.open = False
         self.answered: int | None = None
         """Server: the HTTP status of a request that was not the upgrade (then closed)."""
@@ -211,11 +216,11 @@ class WsMux(MuxConnection):
         assert isinstance(ws, ServerProtocol)
         path = request.path.split("?", 1)[0]
         upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
-        if not upgrade or path != self.web.path:
-            answer = self.responder(request) if self.responder is not None else None
-            if answer is None and path != self.web.path:
-                answer = http_response(404, b"not found\n")
-            self._answer(answer or ws.accept(request))
+        answer = self.responder(request, self.secure) if self.responder is not None else None
+        if answer is None and path != self.web.path:
+            answer = http_response(404, b"not found\n")
+        if answer is not None or not upgrade:
+            self._answer(answer or ws.accept(request))  # accept: 426, not an upgrade
             return
         offered = request.headers.get_all("Sec-WebSocket-Protocol")
         if not any(WS_SUBPROTOCOL in [p.strip() for p in o.split(",")] for o in offered):

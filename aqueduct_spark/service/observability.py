@@ -229,7 +229,7 @@ class Metrics:
 # -- requests -----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # kept in sets by identity (an open connection's running requests)
 class RequestRecord:
     """What one request did so far; logged as its access line when it ends."""
 
@@ -314,11 +314,35 @@ def committed() -> None:
 
 @dataclass
 class _Opened:
-    """An open connection's own counts, for its closing log line."""
+    """An open connection's own counts, for its closing log line and ``status``."""
 
     user: str | None = None
     at: float = field(default_factory=time.monotonic)
     requests: int = 0
+    rows: int = 0
+    bytes: int = 0
+    """Of its requests that ended (those running are in ``live``)."""
+    live: set[RequestRecord] = field(default_factory=set)
+
+
+MAX_LISTED = 100
+"""Connections ``status`` lists at most (the busiest; ``connections`` counts them all)."""
+
+
+def _rate(nbytes: int, age: float) -> int:
+    return int(nbytes / age) if age > 0.001 else 0
+
+
+def _stream(r: RequestRecord, now: float) -> dict[str, Any]:
+    age = now - r.started
+    return {
+        "op": r.op,
+        "dataset": r.dataset,
+        "age_s": round(age, 1),
+        "rows": r.rows,
+        "bytes": r.bytes,
+        "bytes_per_s": _rate(r.bytes, age),
+    }
 
 
 class _StallCollector:
@@ -387,6 +411,44 @@ class Observer:
         }
         log.log(level, "connection opened", extra={"fields": fields})
 
+    def activity(self, user: str | None, everything: bool, own: object = None) -> dict[str, Any]:
+        """The ``status`` request's view of the service's activity: counts for every token;
+        the live connections and their running requests (streams) with their rates (averages
+        since they began), all of them for a token that covers every dataset (or on a
+        service without tokens), else only those of the same token, never others' peers."""
+        now = time.monotonic()
+        transports: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        for conn, opened in list(self._live.items()):
+            transports[conn.transport] = transports.get(conn.transport, 0) + 1
+            if not everything and (opened.user != user or user is None):
+                continue
+            live = sorted(opened.live, key=lambda r: r.started)
+            total = opened.bytes + sum(r.bytes for r in live)
+            age = now - opened.at
+            rows.append(
+                {
+                    "transport": conn.transport,
+                    "peer": peer_text(conn.peer),
+                    "user": opened.user,
+                    "yours": conn is own,
+                    "age_s": round(age, 1),
+                    "requests": opened.requests,
+                    "rows": opened.rows + sum(r.rows for r in live),
+                    "bytes": total,
+                    "bytes_per_s": _rate(total, age),
+                    "streams": [_stream(r, now) for r in live],
+                }
+            )
+        rows.sort(key=lambda c: (not c["yours"], -len(c["streams"]), -int(c["bytes"])))
+        return {
+            "uptime_s": round(now - self.started, 1),
+            "connections": len(self._live),
+            "transports": transports,
+            "requests_in_flight": sum(len(o.live) for o in self._live.values()),
+            "connections_listed": rows[:MAX_LISTED],
+        }
+
     def connection_closed(self, conn: Connection) -> None:
         opened = self._live.pop(conn, None)
         if opened is None:
@@ -429,6 +491,8 @@ class Observer:
             record.user = opened.user
         token = _current.set(record)
         self.metrics.requests_in_flight.inc()
+        if opened is not None:
+            opened.live.add(record)
         outcome = "cancelled"  # unless it ends otherwise: its connection closed under it
         try:
             await serve()
@@ -436,6 +500,10 @@ class Observer:
         finally:
             _current.reset(token)
             self.metrics.requests_in_flight.dec()
+            if opened is not None:
+                opened.live.discard(record)
+                opened.rows += record.rows
+                opened.bytes += record.bytes
             self._finish(record, outcome)
 
     def _finish(self, record: RequestRecord, outcome: str) -> None:

@@ -306,8 +306,9 @@ class DatasetService:
                 await conn.wait_confirmed()
             if op == "ping":  # a round trip that proves the connection alive
                 self._reply(req, P.ok({}))
-            elif op == "status":
-                self._reply(req, P.ok(self.transactions.status(grant, conn)))
+            elif op == "status":  # staging, and activity as far as the token may see it
+                seen = self.observer.activity(grant.name, grant.datasets == ("*",), conn)
+                self._reply(req, P.ok({**self.transactions.status(grant, conn), **seen}))
             elif op == "scan":
                 await self._scan(req, session, conn)
             elif op == "write":

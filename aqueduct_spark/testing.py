@@ -39,6 +39,8 @@ class ServiceProcess:
     port: int
     webtransport_hashes: list[str] = field(default_factory=list)
     """With ``--web``: the hashes a WebTransport client pins (ready line)."""
+    console: str | None = None
+    """With ``--console``: its URL (ready line)."""
 
     @property
     def options(self) -> dict[str, str]:
@@ -124,7 +126,9 @@ def start_service(
         raise
     port = int(info["url"].rsplit(":", 1)[1])
     hashes = list(info.get("webtransport_hashes") or [])
-    return ServiceProcess(proc, root, info["url"], info["fingerprint"], token, port, hashes)
+    return ServiceProcess(
+        proc, root, info["url"], info["fingerprint"], token, port, hashes, info.get("console")
+    )
 
 
 def _ready_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:

@@ -221,6 +221,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve browsers: WebTransport on the UDP port, WebSocket on the TCP port "
         "(docs/protocol-profile.md sections 8 and 9)",
     )
+    s.add_argument(
+        "--console",
+        action="store_true",
+        help="serve the live console (a web page, implies --web) on --console-port",
+    )
+    s.add_argument(
+        "--console-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="TCP port of the console (implies --console; default: any free one, printed at start)",
+    )
+    s.add_argument(
+        "--console-host",
+        default=None,
+        metavar="HOST",
+        help="address of the console's port (default: --host)",
+    )
+    s.add_argument(
+        "--console-dir",
+        default=None,
+        metavar="DIR",
+        help="the console's built files (default: clients/typescript/dist/console of this "
+        "checkout when built, else a page saying how to build it)",
+    )
     s.add_argument("--cert", help="certificate chain (PEM); default: a development certificate")
     s.add_argument("--key", help="private key (PEM) of --cert")
     s.add_argument(

@@ -152,7 +152,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_pending_channels": args.max_pending_channels,
             "max_channels": args.max_channels,
         },
-        "web": args.web,
+        "web": args.web or _console_on(args),
+        "console": _console_settings(args),
         "reuse_port": args.workers > 1,
         "maintenance": maintenance_config(args),
         "staging": staging_config(args),
@@ -168,6 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "root": root,
         "token_required": access.requires_token,
         "webtransport_hashes": _webtransport_hashes(spec),
+        "console": _console_url(spec["console"]),
     }
     if args.workers <= 1:
         _check_metrics_ports([spec["metrics"]] if spec["metrics"] else [])
@@ -220,6 +222,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _console_on(args: argparse.Namespace) -> bool:
+    return bool(args.console or args.console_port is not None)
+
+
+def _console_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where the console listens; None: no console."""
+    if not _console_on(args):
+        if args.console_host or args.console_dir:
+            raise StartupError("--console-host and --console-dir need --console")
+        return None
+    port = args.console_port or 0
+    if args.workers > 1 and not port:
+        raise StartupError(
+            "--console with --workers needs --console-port: the workers share one port"
+        )
+    directory = args.console_dir
+    if directory and not (Path(directory) / "index.html").is_file():
+        raise StartupError(
+            f"--console-dir {directory} holds no index.html: give the directory the console "
+            "was built into (clients/typescript: npm run build writes dist/console)"
+        )
+    return {"host": args.console_host or args.host, "port": port, "dir": directory}
+
+
+def _console_url(console: dict[str, Any] | None) -> str | None:
+    if console is None:
+        return None
+    host = console["host"]
+    here = ("[::1]" if ":" in host else "127.0.0.1") if host in ("0.0.0.0", "::") else host
+    name = f"[{here}]" if ":" in here and not here.startswith("[") else here
+    return f"https://{name}:{console['port']}/"
+
+
 def _web_settings(spec: dict[str, Any]) -> WebSettings:
     """Browsers' transports: each where its own transport is served."""
     on, served = spec["web"], _transports(spec["transport"])
@@ -247,6 +282,13 @@ def _print_banner(banner: dict[str, Any]) -> None:
             f"aqueduct: development CA {banner['cafile']} (clients: --cafile or --fingerprint)",
             flush=True,
         )
+    if banner["console"]:
+        url = banner["console"]
+        local = url.replace("https://127.0.0.1", "http://localhost").replace(
+            "https://[::1]", "http://localhost"
+        )
+        also = f" (on this machine also {local})" if local != url else ""
+        print(f"aqueduct: console {url}{also}", flush=True)
     if banner["webtransport_hashes"]:
         print(
             "aqueduct: WebTransport certificate hashes (serverCertificateHashes, SHA-256): "
@@ -378,8 +420,15 @@ async def _serve_forever(
     http = None
     if spec["metrics"] is not None:
         http = await _start_metrics(service, server, spec["metrics"])
+    console = spec["console"]
+    if console is not None:
+        console = {**console, "port": await _start_console(service, server, spec, console)}
     if banner is not None:
-        banner = {**banner, "url": service_url(spec["host"], server.port)}
+        banner = {
+            **banner,
+            "url": service_url(spec["host"], server.port),
+            "console": _console_url(console),
+        }
         _print_banner(banner)
     if ready is not None:
         ready.set()
@@ -391,6 +440,31 @@ async def _serve_forever(
     if http is not None:
         await http.close()
     await server.close()
+
+
+async def _start_console(
+    service: Any, server: Any, spec: dict[str, Any], console: dict[str, Any]
+) -> int:
+    """Start the console's port; the port it listens on."""
+    from aqueduct_spark.service.console import console_dir, start_console
+
+    try:
+        listener = await start_console(
+            service,
+            server,
+            console["host"],
+            console["port"],
+            directory=console_dir(console["dir"]),
+            tls=ServerTLS(spec["certfile"], spec["keyfile"]),
+            reuse_port=spec["reuse_port"],
+        )
+    except OSError as exc:
+        await server.close()
+        raise StartupError(
+            f"cannot listen for the console on {console['host']}:{console['port']}: "
+            f"{exc.strerror or exc}; choose another --console-port (0: any free one)"
+        ) from None
+    return int(listener.server.sockets[0].getsockname()[1])
 
 
 def _transports(choice: str) -> tuple[str, ...]:

@@ -220,6 +220,8 @@ class DatasetService:
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
         self.observer = Observer({*self._ops, "ping", "status", "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
+        self.transport: TransportConfig | None = None
+        """What its connections use, once started (the console's port uses it too)."""
         self.transactions.observe(self.observer.metrics.registry)
 
     # -- connection handling ----------------------------------------------------------
@@ -578,6 +580,7 @@ async def start(
         engine = replace(engine, limits=limits)
     transport = replace(transport, engine=engine)
     service = DatasetService(config)
+    service.transport = transport  # what its connections use (the console's port too)
     service.transactions.start()
     server = await serve(
         service.handle,

@@ -7,7 +7,7 @@
 // implementation of Aqueduct in JavaScript.
 //
 // Usage: node pipe.js plan.json  ->  prints one JSON line: what the page saw.
-// plan: {chromium, origin, sessions: [{kind: "webtransport", url, hashes: [hex], streams:
+// plan: {chromium, origin, config (fetch origin/aqueduct.json first), sessions: [{kind: "webtransport", url, hashes: [hex], streams:
 //        [[base64, fin]], datagrams: [base64], quietMs, maxMs, close: {closeCode, reason}}
 //        | {kind: "websocket", url, protocols: [..], messages: [base64], quietMs, maxMs}]}
 const fs = require('fs');
@@ -27,11 +27,13 @@ async function main() {
     // come from a real loopback server: a page Playwright made up has no address, and
     // Chromium's local network access checks then block its requests to 127.0.0.1.
     await page.goto(plan.origin + '/');
+    // What a console page does first: where is the service?
+    const config = plan.config ? await page.evaluate(async () => (await fetch('./aqueduct.json')).json()) : null;
     const results = [];
     for (const session of plan.sessions) {
       results.push(await page.evaluate(session.kind === 'webtransport' ? webtransport : websocket, session));
     }
-    process.stdout.write(JSON.stringify({ userAgent: await page.evaluate(() => navigator.userAgent), results }) + '\n');
+    process.stdout.write(JSON.stringify({ userAgent: await page.evaluate(() => navigator.userAgent), config, results }) + '\n');
   } finally {
     await browser.close();
   }

@@ -19,6 +19,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,6 @@ from aqueduct_core.transport.web_config import WS_SUBPROTOCOL, WebSettings
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HERE = Path(__file__).parent
 CHROMIUM = shutil.which("chromium")
-PAGE = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 31\r\nConnection: close\r\n\r\n<!doctype html><title>p</title>"
 
 
 @pytest.fixture(scope="module")
@@ -149,27 +149,12 @@ def spki_hash(cert_file: Path) -> str:
     return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
-async def page_server() -> asyncio.Server:
-    """The blank page the pipe runs in, from loopback (a secure context, as localhost)."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(PAGE)
-        await writer.drain()
-        writer.close()
-
-    return await asyncio.start_server(answer, "127.0.0.1", 0)
-
-
 async def run_pipe(pipe: Path, plan: dict[str, Any], tmp: Path) -> dict[str, Any]:
-    pages = await page_server()
-    origin = f"http://localhost:{pages.sockets[0].getsockname()[1]}"
-    (tmp / "plan.json").write_text(json.dumps({"chromium": CHROMIUM, "origin": origin, **plan}))
+    (tmp / "plan.json").write_text(json.dumps({"chromium": CHROMIUM, **plan}))
     proc = await asyncio.create_subprocess_exec(
         "node", str(pipe), str(tmp / "plan.json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
-    pages.close()
     assert proc.returncode == 0, err.decode()
     return json.loads(out)  # type: ignore[no-any-return]
 
@@ -177,8 +162,13 @@ async def run_pipe(pipe: Path, plan: dict[str, Any], tmp: Path) -> dict[str, Any
 def test_chromium_reads_datasets_over_webtransport_and_websocket(
     pipe: Path, tmp_path: Path
 ) -> None:
+    """A page from the console's port (plain HTTP on loopback, as ``http://localhost``)
+    finds the service in ``aqueduct.json`` and lists datasets over WebTransport (pinned by
+    hash) and over WebSocket (the console's own origin); a WebSocket to the service's TLS
+    port works for a browser that trusts its key. Refusals: a wrong path, no subprotocol."""
     from deltalake import write_deltalake
 
+    from aqueduct_spark.service.console import start_console
     from aqueduct_spark.service.server import ServiceConfig, start
 
     root = tmp_path / "root"
@@ -187,75 +177,95 @@ def test_chromium_reads_datasets_over_webtransport_and_websocket(
     async def main() -> None:
         web = WebSettings(webtransport=True, websocket=True)
         service, server = await start(ServiceConfig(str(root)), transport=TransportConfig(web=web))
+        console = await start_console(service, server, "127.0.0.1", 0, directory=None, tls=None)
         try:
-            wt, ws = PipeClient(), PipeClient()
-            # One request: before the service's window is known, a client may send one message
-            asked = {"wt": wt.request("list"), "ws": ws.request("list")}
-            url = f"127.0.0.1:{server.port}/aqueduct"
+            origin = f"http://localhost:{console.server.sockets[0].getsockname()[1]}"
+            config = json.loads(
+                await asyncio.to_thread(
+                    lambda: urllib.request.urlopen(origin + "/aqueduct.json", timeout=10).read()
+                )
+            )  # in a thread: this loop serves the console
+            clients = [PipeClient() for _ in range(3)]
+            # One request each: before the service's window is known, one message may go.
+            asked = [c.request("list") for c in clients]
+            wt, ws, wss = clients
             assert server.dev_certificates is not None
+            quiet: dict[str, Any] = {"quietMs": 300, "maxMs": 10000}
+            refused: dict[str, Any] = {"quietMs": 0, "maxMs": 0}
             seen = await run_pipe(
                 pipe,
                 {
-                    # wss:// to a self-signed service: trust its key for this run only
+                    "origin": origin,
+                    "config": True,
+                    # wss:// to the service's self-signed port: trust its key for this run only
                     "args": [
-                        f"--ignore-certificate-errors-spki-list={spki_hash(server.dev_certificates.cert_file)}"
+                        "--ignore-certificate-errors-spki-list="
+                        + spki_hash(server.dev_certificates.cert_file)
                     ],
                     "sessions": [
                         {
                             "kind": "webtransport",
-                            "url": f"https://{url}",
-                            "hashes": server.webtransport_fingerprints,
-                            "streams": [
-                                [base64.b64encode(d).decode(), fin] for _, d, fin in wt.written()
-                            ],
-                            "quietMs": 300,
-                            "maxMs": 10000,
+                            "url": config["webtransport"]["url"],
+                            "hashes": config["webtransport"]["certificateHashes"],
+                            "streams": [[b64(d), fin] for _, d, fin in wt.written()],
                             "close": {"closeCode": 0, "reason": "done"},
+                            **quiet,
+                        },
+                        {
+                            "kind": "websocket",
+                            "url": config["websocket"]["url"],
+                            "protocols": [WS_SUBPROTOCOL],
+                            "messages": ws_messages(ws),
+                            **quiet,
+                        },
+                        {
+                            "kind": "websocket",
+                            "url": f"wss://127.0.0.1:{server.port}/aqueduct",
+                            "protocols": [WS_SUBPROTOCOL],
+                            "messages": ws_messages(wss),
+                            **quiet,
                         },
                         {
                             "kind": "webtransport",  # a path the service does not serve
                             "url": f"https://127.0.0.1:{server.port}/elsewhere",
                             "hashes": server.webtransport_fingerprints,
                             "streams": [],
-                            "quietMs": 0,
-                            "maxMs": 0,
-                        },
-                        {
-                            "kind": "websocket",
-                            "url": f"wss://{url}",
-                            "protocols": [WS_SUBPROTOCOL],
-                            "messages": ws_messages(ws),
-                            "quietMs": 300,
-                            "maxMs": 10000,
+                            **refused,
                         },
                         {
                             "kind": "websocket",  # without the subprotocol: refused
-                            "url": f"wss://{url}",
+                            "url": config["websocket"]["url"],
                             "protocols": [],
                             "messages": [],
-                            "quietMs": 0,
-                            "maxMs": 0,
+                            **refused,
                         },
                     ],
                 },
                 tmp_path,
             )
-            over_wt, wrong_path, over_ws, no_protocol = seen["results"]
+            assert seen["config"] == config  # the page found the service as a console does
+            over_wt, over_ws, over_wss, wrong_path, no_protocol = seen["results"]
             assert "ready" in over_wt["events"], over_wt
             wt.feed(wt_streams(over_wt["streams"]))
             ws.feed(ws_streams(over_ws["messages"]))
-            for name, listed in asked.items():
-                answer = await asyncio.wait_for(listed, 5)
-                assert [d["name"] for d in answer["result"]["datasets"]] == ["trips"], name
+            wss.feed(ws_streams(over_wss["messages"]))
+            for name, listed, result in zip(
+                ("wt", "ws", "wss"), asked, seen["results"][:3], strict=True
+            ):
+                try:
+                    answer = await asyncio.wait_for(listed, 5)
+                except TimeoutError:
+                    raise AssertionError(f"{name}: no answer; the page saw {result}") from None
+                assert [d["name"] for d in answer["result"]["datasets"]] == ["trips"]
             assert over_wt["maxDatagramSize"] > 1000  # H3 datagrams were negotiated
-            assert "error" in wrong_path  # 404: no session
-            assert over_ws["protocol"] == WS_SUBPROTOCOL
-            assert "error" in no_protocol
-            assert (
-                "HeadlessChrome/156" in seen["userAgent"] or "HeadlessChrome/" in seen["userAgent"]
-            )
+            assert over_ws["protocol"] == over_wss["protocol"] == WS_SUBPROTOCOL
+            assert "error" in wrong_path and "error" in no_protocol
+            assert "HeadlessChrome/" in seen["userAgent"]
         finally:
             await server.close()
-            service.close() if hasattr(service, "close") else None
 
     asyncio.run(asyncio.wait_for(main(), 180))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()

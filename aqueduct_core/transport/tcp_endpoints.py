@@ -111,7 +111,7 @@ async def listen_tcp(
 ) -> TcpListener:
     """Listen for Aqueduct over TLS/TCP on ``host:port`` (a port already used by the QUIC
     side is fine: TCP and UDP ports are separate), and over WebSocket there too when
-    ``config.web.websocket`` is on.
+    ``config.web.websocket`` is on (ALPN ``http/1.1`` or none).
 
     With ``responder`` it is a web port instead (the console's): HTTPS with ALPN
     ``http/1.1`` or none, and plain HTTP from loopback peers (a page from
@@ -119,7 +119,10 @@ async def listen_tcp(
     ``responder`` answers plain requests, ``/aqueduct`` upgrades to Aqueduct over WebSocket."""
     loop = asyncio.get_running_loop()
     web = config.web.websocket or responder is not None
-    alpns: tuple[str | None, ...] = (ALPN, HTTP1_ALPN) if web else (ALPN,)
+    # With WebSocket on, a client offering no ALPN is served as HTTP/1.1: browsers offer
+    # http/1.1, but WebSocket libraries (Python's websockets among them) offer nothing,
+    # and an Aqueduct client over TCP always offers aqueduct-tcp.
+    alpns: tuple[str | None, ...] = (ALPN, HTTP1_ALPN, None) if web else (ALPN,)
     plain = None
     if responder is not None:
         alpns, plain = (HTTP1_ALPN, None), is_loopback_peer

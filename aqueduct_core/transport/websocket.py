@@ -273,8 +273,8 @@ class WsMux(MuxConnection):
                 if not left:
                     ws.send_binary(frame[0] if len(frame) == 1 else b"".join(frame))
                     frame = []
-            if self.closed and self.close_sent:
-                ws.send_close(1000)
+            if self.closed:  # our CLOSE went out, or the peer's arrived: RFC 6455's close
+                ws.send_close(1000)  # (then the peer's close, if it sends one, is its answer)
             self._drain()
         out, self._out = self._out, []
         return list(out)

@@ -23,3 +23,11 @@ def secured_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servic
     svc = start_service(tmp_path_factory.mktemp("secured-root"), token="s3cret-token")
     yield svc
     svc.stop()
+
+
+@pytest.fixture(scope="session")
+def web_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """``aqueduct serve --web``: WebTransport and WebSocket beside QUIC and TCP."""
+    svc = start_service(tmp_path_factory.mktemp("web-root"), args=["--web"])
+    yield svc
+    svc.stop()

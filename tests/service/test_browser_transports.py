@@ -6,21 +6,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from conftest import ServiceProcess, start_service
+from conftest import ServiceProcess
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
-
-
-@pytest.fixture(scope="module")
-def web_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    svc = start_service(tmp_path_factory.mktemp("web-root"), args=["--web"])
-    yield svc
-    svc.stop()
 
 
 def client(service: ServiceProcess, over: str) -> Any:

@@ -33,7 +33,9 @@ def ipc_options(compression: str) -> pa.ipc.IpcWriteOptions:
     try:
         setting = Compression.parse(compression)
     except ValueError as exc:
-        raise InvalidRequest(f"unknown compression {compression!r}: {exc}; give one of those") from exc
+        raise InvalidRequest(
+            f"unknown compression {compression!r}: {exc}; give one of those"
+        ) from exc
     if setting.auto:
         raise InvalidRequest("compression 'auto' chooses per batch; give a fixed setting here")
     return setting.options()

@@ -39,7 +39,7 @@ from aqueduct_spark.protocol import (
     staged_list,
 )
 
-from . import binding, delta_commit, delta_types, group_commit, own_overwrite, staging
+from . import binding, constraints, delta_commit, delta_types, group_commit, own_overwrite, staging
 from . import replace_where as replace_where_mod
 from .changes import TABLE_PROPERTIES
 from .group_commit import METADATA_KEY as METADATA_KEY
@@ -314,6 +314,11 @@ def commit(
             table = tables.open_table(name)
         active = {unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()}
         adds = staging.verify_staged(name, fs, files, write_schema, table_parts, active)
+        config = dict(table.metadata().configuration)
+        if mode == "overwrite":
+            constraints.check_append_only(name, config, "an overwrite")
+        rules = constraints.rules(config, table.schema().to_json())
+        constraints.check(name, fs, adds, table_schema, rules)
         meta = commit_meta(mode, adds, commit_id)
         if replace_where is not None:  # history shows it: "overwrite where ..."
             meta["replace_where"] = replace_where
@@ -365,7 +370,6 @@ def commit(
             replace_where_mod.discard(fs, rewrites)
             raise delta_error(name, exc) from exc
         version = _find_commit(tables, name, before, commit_id)
-        config = dict(table.metadata().configuration)
         delta_commit.after_commit(
             tables.uri(name),
             tables.delta_options(),

@@ -47,7 +47,7 @@ from aqueduct_spark.protocol import (
     StagedFile,
 )
 
-from . import delta_commit, delta_log, delta_types, log_tail, staging
+from . import constraints, delta_commit, delta_log, delta_types, log_tail, staging
 from .tables import LatestState, Tables, delta_error
 
 T = TypeVar("T")
@@ -229,6 +229,8 @@ class Append:
     parts: tuple[str, ...]
     app_id: str | None
     app_version: int | None
+    checked: set[constraints.Rules] = field(default_factory=set, compare=False)
+    """The constraints its rows were found to satisfy (a rebase checks new ones only)."""
 
 
 def commit_appends(
@@ -282,7 +284,7 @@ def _commit_batch(
     put = delta_commit.putter(tables, name) if delta_commit.blocker(tail) is None else None
     own = put is not None
     for _ in range(REBASES if own else 1):
-        live = _check(name, state, batch, out)
+        live = _check(name, state, batch, out, fs)
         if not live:
             return None
         adds: list[AddAction] = [a for i in live for a in batch[i].adds]
@@ -307,7 +309,10 @@ def _commit_batch(
                 except (log_tail.Reload, OSError, ValueError, KeyError, TypeError) as exc:
                     state.tail = None  # the log moved far: load it, then try again
                     return CommitFailedError(f"Transaction failed: the log moved on ({exc})")
-                continue
+                blocked = delta_commit.blocker(tail)
+                if blocked is not None:  # a concurrent commit added what only deltalake writes
+                    return CommitFailedError(f"Transaction failed: the table now has {blocked}")
+                continue  # the next round checks every writer against the new version
             tail.apply(version, key, actions)
             delta_commit.after_commit(
                 tables.uri(name),
@@ -335,12 +340,17 @@ def _commit_batch(
 
 
 def _check(
-    name: str, state: LatestState, batch: list[Append], out: dict[int, CommitResult | Exception]
+    name: str,
+    state: LatestState,
+    batch: list[Append],
+    out: dict[int, CommitResult | Exception],
+    fs: Any,
 ) -> list[int]:
     """The writers of ``batch`` still to commit against the latest version (the state's
     tail); the outcome of each other one goes into ``out``."""
     tail = state.tail
     assert tail is not None
+    rules = constraints.rules(tail.configuration, tail.metadata["schemaString"])
     live = []
     for i, append in enumerate(batch):
         if i in out:
@@ -359,6 +369,13 @@ def _check(
                 "committed before (give a commit an app_id and app_version to make repeating "
                 "it safe)"
             )
+        elif rules and rules not in append.checked:
+            try:  # the table's constraints as of this version: each row must satisfy them
+                constraints.check(name, fs, append.adds, tail.schema, rules)
+                append.checked.add(rules)
+                live.append(i)
+            except InvalidRequest as exc:
+                out[i] = exc
         else:
             live.append(i)
     return live
@@ -397,7 +414,8 @@ def _deltalake_commit(
             post_commithook_properties=delta_commit.hooks(tables.commit_hooks),
         )
     except CommitFailedError as exc:
-        return exc
+        healing = delta_error(name, exc)
+        return exc if isinstance(healing, Conflict) else healing  # Conflict: retried
     except DeltaError as exc:
         return delta_error(name, exc)
     finally:

@@ -26,7 +26,7 @@ from deltalake import Schema as DeltaSchema
 
 from aqueduct_spark.protocol import CommitResult, Conflict, InvalidRequest, StagedFile
 
-from . import delta_commit, delta_types, log_tail, staging
+from . import constraints, delta_commit, delta_types, log_tail, staging
 from .group_commit import METADATA_KEY, REBASES, check_partitioning, commit_meta, tail_applied
 from .tables import Tables
 
@@ -54,6 +54,7 @@ def overwrite(
         assert tail is not None
         if tail.partition_by or delta_commit.blocker(tail) is not None:
             return None
+        constraints.check_append_only(name, tail.configuration, "an overwrite")
         if replaces is not None and replaces != tail.version:
             return None  # commits since it began: deltalake's path works out what it replaces
         done = tail_applied(state, app_id, app_version)
@@ -95,9 +96,12 @@ def overwrite(
                 )
                 return CommitResult(version, meta["rows"], meta["bytes"], meta["files"], True)
             try:
-                log_tail.advance(tail, fs)  # the versions taken meanwhile
+                read = log_tail.advance(tail, fs)  # the versions taken meanwhile
             except log_tail.Reload as exc:
                 raise Conflict(_lost(name, f"its log moved on ({exc})")) from exc
+            if any("metaData" in a or "protocol" in a for _, taken in read for a in taken):
+                # as Delta's MetadataChanged / ProtocolChanged: checked against another table
+                raise Conflict(_lost(name, "a concurrent commit changed the table's metadata"))
             done = tail_applied(state, app_id, app_version)
             if done is not None:
                 return done

@@ -505,6 +505,11 @@ def _metadata(actions: Sequence[dict[str, Any]]) -> tuple[pa.Schema, tuple[str, 
 
 def delta_error(name: str, exc: DeltaError) -> DatasetError:
     """The dataset error a deltalake failure on dataset ``name`` means."""
+    if "Unsupported table features" in str(exc):  # a conflict that no retry heals
+        return InvalidRequest(
+            f"dataset {name!r} uses Delta table features the service cannot write ({exc}); "
+            "write to it with Spark, or create the dataset without those features"
+        )
     if isinstance(exc, CommitFailedError):
         return Conflict(f"a commit to dataset {name!r} failed: {exc}; retry it")
     if isinstance(exc, TableNotFoundError):

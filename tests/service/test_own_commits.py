@@ -20,8 +20,9 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from delta_store_helpers import stage, write
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, TableFeatures, write_deltalake
 
+from aqueduct_spark.protocol import InvalidRequest
 from aqueduct_spark.service import delta_commit, delta_log, log_tail, maintenance, tables
 from aqueduct_spark.service.store import Store
 
@@ -302,3 +303,103 @@ def test_appends_on_s3_are_conditional_puts_of_the_next_commit(seaweed: Any) -> 
     assert ids_of(table.to_pyarrow_table()) == [0, 1, 10, 11, 50]
     assert table.transaction_version("job") == 1
     assert delta_commit.putter(Store(f"{seaweed.root}/x"), "t") is None  # no options: deltalake
+
+
+def _race(store: Store, monkeypatch: pytest.MonkeyPatch, other: Any) -> None:
+    """The next put of a commit file (a hard link, or S3's conditional put) first lets
+    ``other`` (a real deltalake writer) commit the version it wanted."""
+    left = [1]
+
+    def wrap(real: Any) -> Any:
+        def put(*a: Any) -> Any:
+            if left[0]:
+                left[0] -= 1
+                other()
+            return real(*a)
+
+        return put
+
+    monkeypatch.setattr(delta_commit, "put_if_absent", wrap(delta_commit.put_if_absent))
+    real_putter = delta_commit.putter
+    monkeypatch.setattr(delta_commit, "putter", lambda *a: (p := real_putter(*a)) and wrap(p))
+
+
+def check_constraints_and_append_only(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Delta writer must honour and deltalake's commit of staged files does not check:
+    CHECK constraints (a NULL fails, as in Spark), also when deltalake adds one while our
+    commit races for the version; and delta.appendOnly."""
+    options = store.storage_options
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 2))
+    table = DeltaTable(store.uri("t"), storage_options=options)
+    table.alter.add_constraint({"positive": "id >= 0"})
+    with pytest.raises(InvalidRequest, match=r"violates its constraint positive \(id >= 0\)"):
+        write(store, "t", rows(-3, 2))
+    nulls = pa.table({"id": pa.array([None], pa.int64()), "p": ["a"]}, schema=SCHEMA)
+    with pytest.raises(InvalidRequest, match="violates its constraint positive"):
+        write(store, "t", nulls)
+    assert write(store, "t", rows(5, 1)).version == 3  # rows that satisfy it commit
+    assert ids_of(DeltaTable(store.uri("t"), storage_options=options).to_pyarrow_table()) == [
+        0, 1, 5
+    ]  # fmt: skip
+    # deltalake adds a constraint just before our own commit: the rebased append is checked
+    store.create("r", SCHEMA)
+    write(store, "r", rows(0, 1))
+    racer = DeltaTable(store.uri("r"), storage_options=options)
+    _race(store, monkeypatch, lambda: racer.alter.add_constraint({"small": "id < 100"}))
+    with pytest.raises(InvalidRequest, match=r"violates its constraint small \(id < 100\)"):
+        write(store, "r", rows(200, 1))
+    assert write(store, "r", rows(7, 1)).version == 3
+    assert ids_of(DeltaTable(store.uri("r"), storage_options=options).to_pyarrow_table()) == [
+        0, 7
+    ]  # fmt: skip
+    store.create("u", SCHEMA)
+    write(store, "u", rows(0, 1))
+    DeltaTable(store.uri("u"), storage_options=options).alter.set_table_properties(
+        {"delta.appendOnly": "true"}
+    )
+    for replaces in (None, 2):
+        schema, files = stage(store, "u", rows(9, 1), mode="overwrite")
+        with pytest.raises(InvalidRequest, match="append-only"):
+            store.commit("u", "overwrite", schema, (), files, replaces=replaces)
+    assert write(store, "u", rows(10, 1)).version == 3
+    assert ids_of(DeltaTable(store.uri("u"), storage_options=options).to_pyarrow_table()) == [
+        0, 10
+    ]  # fmt: skip
+
+
+def test_constraints_and_append_only_on_a_local_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_constraints_and_append_only(Store(tmp_path), monkeypatch)
+
+
+def test_constraints_and_append_only_on_s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = f"{seaweed.root}/constraints"
+    check_constraints_and_append_only(
+        Store(root, storage_options=seaweed.storage_options), monkeypatch
+    )
+
+
+def test_a_feature_added_while_an_append_races_is_not_rebased_onto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version taken by a commit that enables what only deltalake may write (row tracking
+    here, a protocol change) is not rebased onto by our own commit: the append goes to
+    deltalake's commit, which cannot write that feature either, and the writer hears so at
+    once (not a conflict retried six times); nothing is committed."""
+    store = Store(tmp_path)
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 1))
+    table = DeltaTable(store.uri("t"))
+    _race(
+        store,
+        monkeypatch,
+        lambda: table.alter.add_feature(
+            TableFeatures.RowTracking, allow_protocol_versions_increase=True
+        ),
+    )
+    with pytest.raises(InvalidRequest, match=r"features the service cannot write.*RowTracking"):
+        write(store, "t", rows(1, 1))
+    assert DeltaTable(store.uri("t")).version() == 2
+    assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == [0]

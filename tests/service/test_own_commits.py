@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from delta_store_helpers import stage, write
-from deltalake import DeltaTable, TableFeatures, write_deltalake
+from deltalake import DeltaTable, Field, Schema, TableFeatures, write_deltalake
 
 from aqueduct_spark.protocol import InvalidRequest
 from aqueduct_spark.service import delta_commit, delta_log, log_tail, maintenance, tables
@@ -372,6 +372,13 @@ def test_constraints_and_append_only_on_a_local_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_constraints_and_append_only(Store(tmp_path), monkeypatch)
+    # a column invariant (legacy, writer version 2), as deltalake declares one
+    invariant = json.dumps({"expression": {"expression": "id > 3"}})
+    fields = [Field("id", "long", metadata={"delta.invariants": invariant}), Field("p", "string")]
+    DeltaTable.create(str(tmp_path / "inv"), schema=Schema(fields))
+    with pytest.raises(InvalidRequest, match=r"constraint invariant of id \(id > 3\)"):
+        write(Store(tmp_path), "inv", rows(1, 5))
+    assert write(Store(tmp_path), "inv", rows(4, 2)).version == 1
 
 
 def test_constraints_and_append_only_on_s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -326,6 +326,13 @@ def commit(
         actions: list[AddAction | RemoveAction] = [*adds]
         delta_mode = mode
         rewrites: list[AddAction] = []
+        dvs = "deletionVectors" in (table.protocol().reader_features or [])
+        if replace_where is not None and dvs:
+            raise InvalidRequest(
+                f"dataset {name!r} has deletion vectors, which a replace_where commit made "
+                "here cannot name in its removes (its files would stay live): overwrite it "
+                "with Spark, or purge them first (REORG TABLE ... APPLY (PURGE))"
+            )
         if replace_where is not None:
             replace_where_mod.check_written(
                 name, fs, adds, table_schema, table_parts, replace_where
@@ -339,7 +346,7 @@ def commit(
             actions += [*rewrites, *change.removes]
             delta_mode = "append"
         elif mode == "overwrite" and replaces is not None:
-            removes = _replaced(tables, name, table, replaces, active, table_schema)
+            removes = _replaced(tables, name, table, replaces, active, table_schema, dvs)
             if removes is not None:
                 # the data it began with, not what appends added meanwhile
                 actions += removes
@@ -420,10 +427,21 @@ def _replaced(
     replaces: int,
     active: set[str],
     write_schema: pa.Schema,
+    dvs: bool = False,
 ) -> list[RemoveAction] | None:
     """The removes of an overwrite that began at version ``replaces`` (WriteSerializable);
     None when it must replace everything there is (a new schema, nothing committed since).
-    """
+    With deletion vectors (``dvs``) deltalake must write the removes, each naming its file's
+    deletion vector (deltalake's RemoveAction cannot): None when nothing was committed
+    since, Conflict otherwise."""
+    if dvs:
+        if replaces == table.version():
+            return None
+        raise Conflict(
+            f"the overwrite of dataset {name!r} began at version {replaces}, and the dataset "
+            "has deletion vectors and commits since; run the overwrite again (it replaces "
+            "the latest version)"
+        )
     base: dict[str, int] = {}
     began = _began(tables, name, table, replaces)
     if began is not None:

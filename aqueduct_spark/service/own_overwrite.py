@@ -8,7 +8,9 @@ written from the log's kept tail (:mod:`.log_tail`) when that tail is the versio
 at (nothing committed since its ``begin``, the usual case) and the table is unpartitioned (a
 remove action of a partitioned file carries its partition values as strings, which the tail
 does not keep): the files it replaces are the tail's live files, and a new schema a
-``metaData`` action. Anything else takes deltalake's path (:func:`.commits.commit`).
+``metaData`` action. Anything else takes deltalake's path (:func:`.commits.commit`), tables
+with deletion vectors too (a remove names the file's deletion vector as its add did, or the
+file stays live; the tail does not keep them).
 
 A version taken meanwhile is read and checked as Delta's WriteSerializable isolation asks,
 as the deltalake path does: if a concurrent commit removed a file the overwrite replaces
@@ -54,6 +56,8 @@ def overwrite(
         assert tail is not None
         if tail.partition_by or delta_commit.blocker(tail) is not None:
             return None
+        if "deletionVectors" in (tail.protocol.get("readerFeatures") or ()):
+            return None  # a remove must name a file's deletion vector, which the tail lacks
         constraints.check_append_only(name, tail.configuration, "an overwrite")
         if replaces is not None and replaces != tail.version:
             return None  # commits since it began: deltalake's path works out what it replaces

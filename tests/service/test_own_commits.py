@@ -22,7 +22,7 @@ import pytest
 from delta_store_helpers import stage, write
 from deltalake import DeltaTable, Field, Schema, TableFeatures, write_deltalake
 
-from aqueduct_spark.protocol import InvalidRequest
+from aqueduct_spark.protocol import Conflict, InvalidRequest
 from aqueduct_spark.service import delta_commit, delta_log, log_tail, maintenance, tables
 from aqueduct_spark.service.store import Store
 
@@ -410,3 +410,47 @@ def test_a_feature_added_while_an_append_races_is_not_rebased_onto(
         write(store, "t", rows(1, 1))
     assert DeltaTable(store.uri("t")).version() == 2
     assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == [0]
+
+
+def check_deletion_vectors(store: Store) -> None:
+    """A file with a deletion vector (as Spark's DELETE leaves one: remove, then add again
+    with the vector) is only replaced by a remove that names that vector; a remove without
+    it left the file live under deltalake's reader, its rows back after the overwrite."""
+    options = store.storage_options
+    store.create("t", SCHEMA)
+    write(store, "t", rows(0, 3))
+    DeltaTable(store.uri("t"), storage_options=options).alter.add_feature(
+        TableFeatures.DeletionVectors, allow_protocol_versions_increase=True
+    )
+    add = next(a["add"] for a in log_entry(store, "t", 1) if "add" in a)
+    vector = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 1}
+    spark_delete = [
+        {"commitInfo": {"timestamp": 1, "operation": "DELETE", "engineInfo": "Apache-Spark"}},
+        {"remove": {"path": add["path"], "deletionTimestamp": 1, "dataChange": True}},
+        {"add": {**add, "deletionVector": {**vector, "sizeInBytes": 34, "cardinality": 1}}},
+    ]
+    put = delta_commit.putter(store, "t")
+    assert put is not None and put(3, delta_commit.encode(spark_delete)) is not None
+    assert store.snapshot("t").version == 3
+    schema, files = stage(store, "t", rows(9, 1), mode="overwrite")
+    assert store.commit("t", "overwrite", schema, (), files, replaces=3).version == 4
+    removed = [a["remove"] for a in log_entry(store, "t", 4) if "remove" in a]
+    assert [r.get("deletionVector", {}).get("pathOrInlineDv") for r in removed] == [
+        vector["pathOrInlineDv"]
+    ]
+    live = DeltaTable(store.uri("t"), storage_options=options).get_add_actions()
+    assert [unquote(p) for p in pa.table(live).column("path").to_pylist()] == [files[0].path]
+    write(store, "t", rows(20, 1))  # a commit since the overwrite began: it cannot name removes
+    schema, files = stage(store, "t", rows(30, 1), mode="overwrite")
+    with pytest.raises(Conflict, match="deletion vectors"):
+        store.commit("t", "overwrite", schema, (), files, replaces=4)
+
+
+def test_deletion_vectors_on_a_local_root(tmp_path: Path) -> None:
+    check_deletion_vectors(Store(tmp_path))
+
+
+def test_deletion_vectors_on_s3(seaweed: Any) -> None:
+    check_deletion_vectors(
+        Store(f"{seaweed.root}/deletion-vectors", storage_options=seaweed.storage_options)
+    )

@@ -3,7 +3,7 @@
  * message in the channel's headers; each data message is one IPC record batch message.
  * Concatenated, they are an IPC stream, which apache-arrow reads batch by batch.
  */
-import { type RecordBatch, RecordBatchReader, type Schema, Table, tableToIPC } from "apache-arrow";
+import { DataType, type RecordBatch, RecordBatchReader, type Schema, Table, tableToIPC } from "apache-arrow";
 
 /** IPC stream end: continuation marker, zero length. */
 const EOS_BYTES = 8;
@@ -14,8 +14,15 @@ export function schemaMessage(schema: Schema): Uint8Array {
   return stream.subarray(0, stream.length - EOS_BYTES);
 }
 
-/** One IPC record batch message per batch, without the schema (data messages of a write). */
+/** One IPC record batch message per batch, without the schema (data messages of a write).
+ * Dictionary-encoded columns are refused: a data message carries no dictionary (the
+ * service asks for them decoded). */
 export function batchMessages(table: Table): Uint8Array[] {
+  const dictionaries = table.schema.fields.filter((f) => DataType.isDictionary(f.type)).map((f) => f.name);
+  if (dictionaries.length)
+    throw new Error(
+      `columns ${dictionaries.join(", ")} are dictionary-encoded (tableFromArrays does that to strings); build them with vectorFromArray(values, new Utf8()) so each batch travels as one record batch message`,
+    );
   const head = schemaMessage(table.schema).length;
   return table.batches.map((batch: RecordBatch) => {
     const stream = tableToIPC(new Table([batch]), "stream");

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit slow bench clean debs
+.PHONY: demo test lint types unit slow bench clean debs ts
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (found %s); set PYTHON=/path/to/python3.11" % sys.version.split()[0])'
@@ -30,10 +30,10 @@ types: $(STAMP)
 # 0.25 s of CPU for a service's imports), the test modules once more at collection (6 s).
 TESTENV := PYTHONDONTWRITEBYTECODE=
 
-test: lint types debs
+test: lint types debs ts
 	$(TESTENV) $(PY) -m pytest -m "not slow"
 
-slow: $(STAMP)
+slow: $(STAMP) debs ts
 	$(TESTENV) $(PY) -m pytest -m "slow"
 
 # Debian packages whose programs the tests and benchmarks call: one list, installed by
@@ -62,8 +62,29 @@ debs:
 			"Tests that need them fail or skip." >&2; \
 	fi
 
-bench: $(STAMP) debs
+# The TypeScript client and the console (clients/typescript, docs/browser.md): npm installs
+# exactly the lock file (no browser download: playwright-core drives Debian's chromium, in
+# DEBS), and vite builds the console and the browser tests' harness page into dist/. Built
+# here, not committed: the test path needs npm for playwright-core anyway, and a committed
+# bundle (300 KB of minified apache-arrow) would go stale unnoticed. tests/typescript runs
+# the type check, the unit tests (vitest) and the browser tests under pytest.
+TS := clients/typescript
+TS_INSTALLED := $(TS)/node_modules/.installed
+TS_BUILT := $(TS)/dist/.built
+TS_SOURCES := $(shell find $(TS)/src $(TS)/console $(TS)/browser -type f 2>/dev/null) $(TS)/vite.config.ts
+
+$(TS_INSTALLED): $(TS)/package.json $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(TS_BUILT): $(TS_INSTALLED) $(TS_SOURCES)
+	cd $(TS) && npm run --silent build
+	touch $@
+
+ts: $(TS_BUILT)
+
+bench: $(STAMP) debs ts
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(TS)/node_modules $(TS)/dist

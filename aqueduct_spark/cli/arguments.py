@@ -222,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/protocol-profile.md sections 8 and 9)",
     )
     s.add_argument(
+        "--web-origin",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="with --web: a page origin (https://host[:port]) whose browsers may connect; "
+        "repeat for more; default: any (requests from programs carry none and always may)",
+    )
+    s.add_argument(
         "--console",
         action="store_true",
         help="serve the live console (a web page, implies --web) on --console-port",

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aqueduct_core.engine import EngineConfig
 from aqueduct_core.errors import AqueductError
@@ -153,6 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "max_channels": args.max_channels,
         },
         "web": args.web or _console_on(args),
+        "web_origins": _web_origins(args),
         "console": _console_settings(args),
         "reuse_port": args.workers > 1,
         "maintenance": maintenance_config(args),
@@ -255,10 +257,32 @@ def _console_url(console: dict[str, Any] | None) -> str | None:
     return f"https://{name}:{console['port']}/"
 
 
+def _web_origins(args: argparse.Namespace) -> list[str] | None:
+    """``--web-origin``: each an origin as browsers send it (scheme://host[:port])."""
+    given = args.web_origin
+    if given is None:
+        return None
+    if not (args.web or _console_on(args)):
+        raise StartupError("--web-origin needs --web (or --console)")
+    for origin in given:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
+            raise StartupError(
+                f"--web-origin {origin!r} is not an origin: give scheme, host and port as a "
+                "browser sends them, e.g. https://app.example.com or http://localhost:8080"
+            )
+    return [o.lower() for o in given]
+
+
 def _web_settings(spec: dict[str, Any]) -> WebSettings:
     """Browsers' transports: each where its own transport is served."""
     on, served = spec["web"], _transports(spec["transport"])
-    return WebSettings(webtransport=on and "quic" in served, websocket=on and "tcp" in served)
+    origins = spec.get("web_origins")
+    return WebSettings(
+        webtransport=on and "quic" in served,
+        websocket=on and "tcp" in served,
+        origins=tuple(origins) if origins is not None else None,
+    )
 
 
 def _webtransport_hashes(spec: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ import logging
 import mimetypes
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -220,7 +221,9 @@ async def start_console(
         responder=ConsoleFiles(directory, endpoints, web.path),
         tls=tls,
         headers=service.server_headers,
-        config=transport,
+        # The console port keeps its own pages' Origin only (ConsoleFiles), whatever
+        # --web-origin allows on the service's ports.
+        config=replace(transport, web=replace(web, origins=None)),
         codecs=service.codecs(),
         reuse_port=reuse_port,
     )

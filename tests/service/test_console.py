@@ -64,6 +64,7 @@ def console(tmp_path_factory: pytest.TempPathFactory, site: Path) -> Iterator[Se
         args=[
             *("--console", "--console-dir", str(site), "--config", str(root / "tokens.toml")),
             *("--console-host", "0.0.0.0"),  # reachable from this machine's other address
+            *("--web-origin", "https://app.example.com"),  # the service's own web ports
         ],
     )
     yield svc
@@ -147,6 +148,25 @@ def test_pages_elsewhere_cannot_use_the_console_port(console: ServiceProcess) ->
         assert answer.startswith(b"HTTP/1.1 421 ") and b"localhost" in answer, path
 
 
+def test_web_origin_limits_the_pages_that_reach_the_service(console: ServiceProcess) -> None:
+    """--web-origin: on the service's own WebSocket port only the listed origins' pages get
+    in (programs send no Origin); the console's port keeps to its own pages regardless (the
+    test above: its own Origin is not in the list and still gets in)."""
+    tls = ssl.create_default_context()
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+
+    def upgrade(origin: str | None) -> bytes:
+        extra = UPGRADE + (f"Origin: {origin}\r\n" if origin else "")
+        tcp = socket.create_connection(("127.0.0.1", console.port), timeout=10)
+        with tls.wrap_socket(tcp) as s:  # no ALPN, as WebSocket libraries send
+            s.sendall(f"GET /aqueduct HTTP/1.1\r\nHost: h\r\n{extra}\r\n".encode())
+            return s.recv(4096)
+
+    assert upgrade("https://app.example.com").startswith(b"HTTP/1.1 101 ")
+    assert upgrade(None).startswith(b"HTTP/1.1 101 ")
+    assert upgrade("https://evil.example").startswith(b"HTTP/1.1 403 ")
+
+
 def test_plain_http_from_another_machine_is_refused(console: ServiceProcess) -> None:
     """Plain HTTP would carry the token in clear: only loopback peers get it."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -212,6 +232,8 @@ def test_status_shows_the_activity_as_far_as_the_token_may_see(console: ServiceP
         (["--console", "--workers", "2"], "--console-port"),
         (["--console-dir", "."], "need --console"),
         (["--console", "--console-dir", "/nonexistent"], "index.html"),
+        (["--web", "--web-origin", "app.example.com"], "not an origin"),
+        (["--web-origin", "https://app.example.com"], "needs --web"),
     ],
 )
 def test_console_settings_that_cannot_work_are_refused_with_the_fix(

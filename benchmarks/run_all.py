@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_burst, bench_versions, report_hand, report_runs
+from benchmarks import bench_browser, bench_burst, bench_versions, report_hand, report_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -36,6 +36,7 @@ SCRIPTS = {
     "commits": "benchmarks.bench_commits",
     "versions": "benchmarks.bench_versions",
     "burst": "benchmarks.bench_burst",
+    "browser": "benchmarks.bench_browser",
 }
 
 
@@ -607,6 +608,8 @@ def target_rows(
         rows += bench_versions.summary_rows(collected["versions"] or {})
     if collected.get("burst"):
         rows += bench_burst.summary_rows(collected["burst"] or {})
+    if collected.get("browser"):
+        rows += bench_browser.summary_rows(collected["browser"] or {})
     return rows
 
 
@@ -697,6 +700,7 @@ SECTIONS = {
     "commits": section_commits,
     "versions": bench_versions.section,
     "burst": bench_burst.section,
+    "browser": bench_browser.section,
 }
 
 

@@ -11,8 +11,6 @@ of the console is kept (``AQUEDUCT_ARTIFACTS``, default ``<tmp>/artifacts``).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import subprocess
 import tempfile
@@ -23,11 +21,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from conftest import now_ms, run_browser
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from aqueduct_spark.testing import ServiceProcess, start_service
+from benchmarks.browser_driver import endpoints, now_ms, run_browser, sample, spki_hash
 
 # In make slow: each test starts Chromium (about 5 s of CPU) and a service. The fast suite
 # covers the client's codec and engine without a browser (test_typescript.py: vitest on
@@ -36,39 +32,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HERE = Path(__file__).parent
 ROWS = 10_000
 ARTIFACTS = Path(os.environ.get("AQUEDUCT_ARTIFACTS") or Path(tempfile.gettempdir()) / "artifacts")
-
-
-def spki_hash(service: ServiceProcess) -> str:
-    """What Chromium's --ignore-certificate-errors-spki-list takes for the service's own
-    (development) certificate: WebSocket runs over TLS with it, and a browser cannot pin it
-    (profile §9, "Certificates"); WebTransport pins its own certificate by hash instead."""
-    pem = (Path(str(service.root)) / ".aqueduct-tls" / "server.pem").read_bytes()
-    cert = x509.load_pem_x509_certificate(pem)
-    spki = cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
-
-
-def endpoints(service: ServiceProcess) -> dict[str, Any]:
-    return {
-        "webtransport": {
-            "url": f"https://127.0.0.1:{service.port}/aqueduct",
-            "certificateHashes": service.webtransport_hashes,
-        },
-        "websocket": {"url": f"wss://127.0.0.1:{service.port}/aqueduct"},
-    }
-
-
-def sample(n: int, start: int = 0) -> pa.Table:
-    ids = range(start, start + n)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "name": [f"r{i}" for i in ids],
-            "x": pa.array([i / 4 for i in ids], pa.float64()),
-        }
-    )
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,14 @@ from aqueduct_core.api.channel import (
 from aqueduct_core.api.codec import CborCodec, Codec, RawCodec
 from aqueduct_core.api.connection import Connection
 from aqueduct_core.api.path import PathReading, PathSample
+from aqueduct_core.wire.frames import Gather
 
 __all__ = [
     "CborCodec",
     "Codec",
     "Connection",
     "Delivery",
+    "Gather",
     "OneshotReceiver",
     "OneshotSender",
     "PathReading",

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import cbor2
 
 from aqueduct_core.errors import LocalProtocolError, RemoteProtocolError
+from aqueduct_core.wire.frames import Gather, OutPayload
 
 CODEC_HEADER = b"aqueduct-codec-3e7a91"
 HANDLE_TAG = 44045
@@ -34,7 +35,7 @@ class Codec(Protocol):
 
     name: str
 
-    def encode(self, value: Any, attach: Attach) -> bytes | bytearray | memoryview: ...
+    def encode(self, value: Any, attach: Attach) -> OutPayload: ...
 
     def decode(self, payload: bytes | bytearray | memoryview, detach: Detach) -> Any: ...
 
@@ -84,13 +85,14 @@ class CborCodec:
 
 
 class RawCodec:
-    """Payloads are bytes the application already encoded (Arrow IPC bodies): passed through
-    without a copy. Cannot carry channel handles."""
+    """Payloads are bytes the application already encoded (Arrow IPC messages): passed
+    through without a copy, a :class:`~aqueduct_core.wire.frames.Gather` of parts too (sent
+    part by part). Cannot carry channel handles."""
 
     name = "raw"
 
-    def encode(self, value: Any, attach: Attach) -> bytes | bytearray | memoryview:
-        if isinstance(value, bytes | bytearray):
+    def encode(self, value: Any, attach: Attach) -> OutPayload:
+        if isinstance(value, bytes | bytearray | Gather):
             return value
         try:
             return memoryview(value).cast("B")  # any buffer: pyarrow Buffers, numpy arrays

@@ -14,7 +14,7 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aqueduct_core.api.channel import (
     Delivery,
@@ -50,6 +50,7 @@ from aqueduct_core.errors import (
     WouldBlock,
 )
 from aqueduct_core.wire.chanid import ENTRYPOINT, Side, is_oneshot, sender_of
+from aqueduct_core.wire.frames import Payload
 from aqueduct_core.wire.primitives import Headers
 
 log = logging.getLogger("aqueduct")
@@ -450,7 +451,8 @@ class Connection:
             return h
 
         try:
-            value = self._codec_for(handle).decode(msg.payload, detach)
+            # Received: bytes, or the buffer EngineConfig.payload_buffers gave (never a Gather).
+            value = self._codec_for(handle).decode(cast(Payload, msg.payload), detach)
         except RemoteProtocolError as exc:
             for h in taken.values():
                 _end(h)

@@ -36,7 +36,7 @@ from aqueduct_core.errors import (
     RemoteProtocolError,
 )
 from aqueduct_core.wire.chanid import Side
-from aqueduct_core.wire.frames import Attachment, Message, Payload
+from aqueduct_core.wire.frames import Attachment, Message, OutPayload
 from aqueduct_core.wire.primitives import Headers
 
 __all__ = ["Connection", "MemoryReport", "NewChannel"]
@@ -112,7 +112,7 @@ class Connection(Dispatch):
     def send(
         self,
         chanid: int,
-        payload: Payload,
+        payload: OutPayload,
         *,
         headers: Headers = (),
         attachments: Iterable[NewChannel] = (),

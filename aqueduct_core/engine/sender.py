@@ -28,17 +28,21 @@ from aqueduct_core.wire.frames import (
     Attachment,
     CancelSender,
     FinishSender,
+    Gather,
     Message,
+    OutPayload,
     Payload,
     SentUnreliable,
     cost_of,
     encode_frame,
+    joined,
     message_parts,
 )
 from aqueduct_core.wire.primitives import Headers
 
 SMALL_WRITE = 16 * 1024
-"""Payloads up to this size are joined with their frame head into one write."""
+"""Payloads up to this size are joined with their frame head into one write; larger ones go
+as they are (a :class:`~aqueduct_core.wire.frames.Gather` part by part), never copied."""
 
 
 class Mode(enum.Enum):
@@ -74,7 +78,7 @@ class SendState(enum.Enum):
 @dataclass(slots=True)
 class Outgoing:
     headers: Headers
-    payload: Payload
+    payload: OutPayload
     attachments: tuple[Attachment, ...]
     children: list[int]
 
@@ -222,7 +226,7 @@ class SenderSM:
                 self.next_unrel += 1
                 if window is not None:
                     self.unrel_costs[num] = cost
-                conn.send_datagram(conn.seq_prefix(self.chanid) + head + out.payload)
+                conn.send_datagram(conn.seq_prefix(self.chanid) + head + joined(out.payload))
                 conn.route_sent(self.chanid)
                 self.unflushed_unrel += 1
                 if not self.flush_armed:
@@ -236,7 +240,7 @@ class SenderSM:
         if self.finish_requested and not queue and self.state is SendState.OPEN:
             self._finish_now()
 
-    def _write_reliable(self, num: int, head: bytes, payload: Payload) -> None:
+    def _write_reliable(self, num: int, head: bytes, payload: OutPayload) -> None:
         conn = self.conn
         if self.mode is Mode.ORDERED:
             sid = self.ordered_stream
@@ -252,7 +256,18 @@ class SenderSM:
             self.msg_streams[num] = sid
             fin = True
         if len(payload) <= SMALL_WRITE:
-            conn.write(sid, head + payload, fin)
+            conn.write(sid, head + joined(payload), fin)
+        elif isinstance(payload, Gather):
+            parts = payload.parts
+            first = parts[0]
+            if len(first) <= SMALL_WRITE:  # an IPC message's metadata rides with the head
+                conn.write(sid, head + first)
+                parts = parts[1:]
+            else:
+                conn.write(sid, head)
+            last = len(parts) - 1
+            for i, part in enumerate(parts):
+                conn.write(sid, part, fin and i == last)
         else:
             conn.write(sid, head)
             conn.write(sid, payload, fin)

@@ -9,8 +9,9 @@ item 7). :func:`pull_frame` decodes one frame from complete data.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from aqueduct_core.errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from aqueduct_core.wire import ranges as _ranges
@@ -47,6 +48,52 @@ TAG_FORGET_CHANNEL = 11
 TAG_DEQUEUED = 12
 
 Payload: TypeAlias = bytes | bytearray | memoryview
+
+
+class Gather:
+    """A payload in parts, sent part by part and never joined (scatter-gather): an Arrow IPC
+    message is its metadata and the record batch's own buffers, and joining them would copy
+    every byte once more before the transport copies it anyway. ``len()`` is the payload's
+    length in bytes; the parts are read-only views that keep what they view alive.
+
+    Only a sender sees one: the engine writes each part as its own stream write (the
+    transports take lists of buffers: TLS encrypts each part where it lies, QUIC copies it
+    into its send buffer), and a receiver gathers the bytes into one payload as always."""
+
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self, parts: Iterable[Any]) -> None:
+        views = (memoryview(p).cast("B").toreadonly() for p in parts)
+        self.parts: tuple[memoryview, ...] = tuple(v for v in views if len(v))
+        self.nbytes = sum(len(v) for v in self.parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        """The parts joined (one copy): for small payloads and datagrams only."""
+        return b"".join(self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Gather):
+            other = bytes(other)
+        if isinstance(other, bytes | bytearray | memoryview):
+            return bytes(self) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Gather {self.nbytes} bytes in {len(self.parts)} parts>"
+
+
+OutPayload: TypeAlias = Payload | Gather
+"""What a sender may give as a message's payload: bytes, or a :class:`Gather` of parts."""
+
+
+def joined(payload: OutPayload) -> Payload:
+    """``payload`` as one buffer (a :class:`Gather` joined, anything else as it is)."""
+    return bytes(payload) if type(payload) is Gather else payload  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +137,8 @@ class Message:
     num: int
     headers: Headers = ()
     attachments: tuple[Attachment, ...] = ()
-    payload: Payload = b""
+    payload: OutPayload = b""
+    """Bytes as received; a sender's may be a :class:`Gather` of parts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +288,7 @@ def push_frame(buf: bytearray, frame: Frame) -> None:
         return
     if isinstance(frame, Message):
         buf += message_parts(frame)
-        buf += frame.payload
+        buf += joined(frame.payload)
     elif isinstance(frame, Version):
         if len(frame.version) > MAX_VERSION_STRING:
             raise LocalProtocolError("version string too long")

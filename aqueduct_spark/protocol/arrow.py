@@ -4,12 +4,16 @@ Aqueduct message, and the per-batch and error message headers (§6 of
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import cbor2
 import pyarrow as pa
+
+from aqueduct_core.wire.frames import Gather
 
 from .compression import Compression
 from .errors import DatasetError, InvalidRequest, error_to_wire
@@ -41,15 +45,26 @@ def ipc_options(compression: str) -> pa.ipc.IpcWriteOptions:
     return setting.options()
 
 
-class _Collect:
-    """A write-only file for pyarrow that keeps what is written."""
+_I32 = struct.Struct("<i")
+SMALL_PART = 4096
+"""Adjacent written pieces below this size (the message's length prefix and metadata,
+padding) are joined into one part; body buffers above it stay the batch's own memory."""
+
+
+class _Parts:
+    """A write-only file for pyarrow that keeps what is written without copying it.
+
+    pyarrow's IPC writer hands every body buffer to a Python file as a ``pyarrow.Buffer``
+    (a view of the record batch's own memory, or of the compressed buffer it made, which
+    that object keeps alive) and only the small pieces (length prefix, metadata, padding)
+    as ``bytes``. Anything else is copied, so no part can alias memory pyarrow reuses."""
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+        self.parts: list[Any] = []
         self.closed = False
 
     def write(self, data: Any) -> int:
-        self.chunks.append(bytes(data))
+        self.parts.append(data if type(data) is bytes or type(data) is pa.Buffer else bytes(data))
         return len(data)
 
     def flush(self) -> None:
@@ -58,18 +73,50 @@ class _Collect:
     def close(self) -> None:
         self.closed = True
 
+    def take(self) -> Gather:
+        """What was written since the last call, small pieces joined."""
+        out: list[Any] = []
+        run: list[Any] = []
+        for part in self.parts:
+            if len(part) < SMALL_PART:
+                run.append(part)
+                continue
+            if run:
+                out.append(b"".join(run))
+                run = []
+            out.append(part)
+        if run:
+            out.append(b"".join(run))
+        self.parts = []
+        return Gather(out)
 
-def batch_to_payload(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> Any:
-    """One IPC record batch message, without the schema (it is in the channel headers).
-    Compressed bodies (lz4, zstd) when ``options`` asks for them."""
-    if options.compression is None:
-        return batch.serialize()
-    sink = _Collect()
+
+@functools.lru_cache(maxsize=32)
+def _empty_of(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _empty(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of no rows to write first, whose buffers are empty: an empty slice of
+    ``batch`` would write (and compress) its whole string data buffer. Dictionary columns
+    (never in a data channel) keep the slice, whose dictionary is the batch's own."""
+    if any(pa.types.is_dictionary(t) for t in batch.schema.types):
+        return batch.slice(0, 0)
+    return _empty_of(batch.schema)
+
+
+def batch_to_payload(batch: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> Gather:
+    """One IPC record batch message, without the schema (it is in the channel headers), as
+    a :class:`~aqueduct_core.wire.frames.Gather`: its metadata, then the batch's buffers
+    where they lie (compressed buffers where pyarrow made them, for lz4 and zstd), so the
+    transport reads them without another copy. ``bytes(payload)`` is the message whole,
+    byte for byte what ``batch.serialize()`` gives uncompressed."""
+    sink = _Parts()
     with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), batch.schema, options=options) as w:
-        w.write_batch(batch.slice(0, 0))  # the schema goes out with the first batch...
-        sink.chunks.clear()  # ...and the reader has it from the headers already
+        w.write_batch(_empty(batch))  # the schema goes out with the first batch...
+        sink.parts.clear()  # ...and the reader has it from the headers already
         w.write_batch(batch)
-        message = b"".join(sink.chunks)
+        message = sink.take()
     return message
 
 
@@ -104,9 +151,12 @@ class DataMessage:
 def read_data_message(data: Any) -> DataMessage:
     """Parse a data message (one encapsulated IPC record batch message) and read what it
     declares, without decoding or decompressing anything. InvalidRequest if it is not a
-    well-formed record batch message."""
+    well-formed record batch message. A :class:`Gather` (a local channel's, never one from
+    the network) is joined first."""
+    if isinstance(data, Gather):
+        data = bytes(data)
     try:
-        message = pa.ipc.read_message(pa.py_buffer(data))
+        message = pa.ipc.read_message(data if type(data) is pa.Buffer else pa.py_buffer(data))
         if message.type != "record batch":
             raise InvalidRequest(
                 f"a data message must be an Arrow record batch message, not a {message.type} "
@@ -120,6 +170,28 @@ def read_data_message(data: Any) -> DataMessage:
     if found.compressed:
         size = max(size, message.metadata.size + found.decoded)
     return DataMessage(message, size, found.compressed, found.codec)
+
+
+def payload_size(payload: Any) -> int:
+    """What a message :func:`batch_to_payload` made counts against a receiver's limit, as
+    :func:`read_data_message` will count it there: its length, or for a compressed body
+    the size it declares, read from its parts without joining them."""
+    if not isinstance(payload, Gather):
+        return read_data_message(payload).size
+    head = payload.parts[0] if payload.parts else b""
+    if len(head) < 8 or _I32.unpack_from(head, 0)[0] != -1:
+        return read_data_message(payload).size  # not the shape pyarrow writes: parse it whole
+    length = _I32.unpack_from(head, 4)[0]
+    metadata = head[8 : 8 + length]
+    if len(metadata) != length:
+        return read_data_message(payload).size
+    body = Gather([head[8 + length :], *payload.parts[1:]])
+    try:
+        found = declared(metadata, body)
+    except ValueError as exc:
+        raise InvalidRequest(f"a data message is not an Arrow record batch: {exc}") from exc
+    size = len(payload)
+    return max(size, length + found.decoded) if found.compressed else size
 
 
 def payloads_within(
@@ -139,7 +211,7 @@ def payloads_within(
     while todo:
         piece = todo.pop()
         payload = batch_to_payload(piece, options)
-        size = read_data_message(payload).size
+        size = payload_size(payload)
         if size <= limit:
             yield piece, payload
         elif piece.num_rows > 1:

@@ -29,9 +29,13 @@ it with hypothesis).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+from aqueduct_core.wire.frames import Gather
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -95,8 +99,9 @@ def _follow(data: bytes, pos: int) -> int:
 
 def declared(metadata: Any, body: Any) -> Declared:
     """What decoding the record batch message of ``metadata`` (its Flatbuffer: pyarrow's
-    ``Message.metadata``) and ``body`` (``Message.body``) allocates. Reads 8 bytes of the
-    body per compressed buffer, none of an uncompressed body. Raises ValueError."""
+    ``Message.metadata``) and ``body`` (``Message.body``, or the body's parts as a sender
+    holds them: a :class:`~aqueduct_core.wire.frames.Gather`) allocates. Reads 8 bytes of
+    the body per compressed buffer, none of an uncompressed body. Raises ValueError."""
     data = bytes(metadata)  # a few hundred bytes
     try:
         header = _field(data, _follow(data, 0), _MESSAGE_HEADER)
@@ -118,13 +123,35 @@ def declared(metadata: Any, body: Any) -> Declared:
     entries = data[start + 4 : start + 4 + count * _BUFFER.size]
     if len(entries) != count * _BUFFER.size:
         raise _Malformed("the buffer list of an IPC message runs past its metadata")
-    decoded = _decoded_size(entries, memoryview(body).cast("B"))
+    view = _Parts(body.parts) if isinstance(body, Gather) else memoryview(body).cast("B")
+    decoded = _decoded_size(entries, view)
     return Declared(compressed=True, decoded=decoded, codec=codec)
 
 
-def _decoded_size(entries: bytes, body: memoryview) -> int:
+class _Parts:
+    """A body in parts, read 8 bytes at a time where a compressed buffer starts."""
+
+    def __init__(self, parts: tuple[memoryview, ...]) -> None:
+        self.parts = parts
+        self.starts = list(itertools.accumulate((len(p) for p in parts), initial=0))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def i64(self, offset: int) -> int:
+        i = bisect.bisect_right(self.starts, offset) - 1
+        at = offset - self.starts[i]
+        piece = bytes(self.parts[i][at : at + _I64.size])
+        while len(piece) < _I64.size and i + 1 < len(self.parts):  # a prefix across parts
+            i += 1
+            piece += bytes(self.parts[i][: _I64.size - len(piece)])
+        return int(_I64.unpack(piece)[0])
+
+
+def _decoded_size(entries: bytes, body: memoryview | _Parts) -> int:
     total = 0
     size = len(body)
+    read = body.i64 if isinstance(body, _Parts) else lambda at: _I64.unpack_from(body, at)[0]
     for offset, length in _BUFFER.iter_unpack(entries):
         if length == 0:
             continue
@@ -133,7 +160,7 @@ def _decoded_size(entries: bytes, body: memoryview) -> int:
                 f"a compressed buffer ({length} bytes at {offset}) is not within the "
                 f"{size}-byte body, or too short to hold its length"
             )
-        prefix = _I64.unpack_from(body, offset)[0]
+        prefix = read(offset)
         if prefix == UNCOMPRESSED:
             total += length - _I64.size
         elif prefix < 0:

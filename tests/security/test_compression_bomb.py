@@ -33,6 +33,7 @@ from aqueduct_core.api import Connection, Receiver
 from aqueduct_core.transport import ClientTLS, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, ClientConfig
+from aqueduct_spark.protocol.arrow import payload_size
 from aqueduct_spark.protocol.ipc_meta import declared
 from aqueduct_spark.testing import ServiceProcess, start_service
 
@@ -105,6 +106,22 @@ def test_the_declared_size_is_what_decoding_allocates(codec: str, rows: int) -> 
     assert message.size == max(len(payload), message.message.metadata.size + allocated(decoded))
 
 
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+@pytest.mark.parametrize("rows", [0, 1, 1000, 30_000])
+def test_a_message_in_parts_is_the_message_and_counts_as_it_will_be_counted(
+    codec: str, rows: int
+) -> None:
+    """The sender sends the parts without joining them (the batch's own buffers), and cuts
+    batches to a reader's limit by the size the reader will count, read from the parts."""
+    batch = sample(rows)
+    payload = P.batch_to_payload(batch, P.ipc_options(codec))
+    whole = bytes(payload)
+    if codec == "none":
+        assert whole == batch.serialize().to_pybytes()
+    assert payload_size(payload) == P.read_data_message(whole).size
+    assert P.read_data_message(whole).decode(batch.schema).equals(batch)
+
+
 def test_an_uncompressed_message_counts_its_own_length() -> None:
     payload = P.batch_to_payload(sample(1000), P.ipc_options("none"))
     message = P.read_data_message(payload)
@@ -134,7 +151,7 @@ def test_a_bomb_declares_what_it_holds(codec: str) -> None:
 )
 def test_a_lying_length_is_refused(declare: int, error: str) -> None:
     batch = pa.record_batch([pa.array([0] * 1000, pa.int64())], schema=SCHEMA)
-    payload = bytearray(P.batch_to_payload(batch, P.ipc_options("zstd")))
+    payload = bytearray(bytes(P.batch_to_payload(batch, P.ipc_options("zstd"))))
     at = len(payload) - pa.ipc.read_message(payload).body.size  # the data buffer comes first
     assert struct.unpack_from("<q", payload, at)[0] == 8 * 1000
     struct.pack_into("<q", payload, at, declare)

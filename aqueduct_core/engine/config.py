@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aqueduct_core.wire.frames import DEFAULT_VERSION
-from aqueduct_core.wire.primitives import WireLimits
+from aqueduct_core.wire.primitives import Headers, WireLimits
+
+PayloadBuffers = Callable[[int, Headers], "tuple[memoryview, Any] | None"]
+"""``(payload length, channel headers) -> (writable view of that length, the object the
+payload is handed out as) or None``: see ``EngineConfig.payload_buffers``."""
 
 DEFAULT_WINDOW = 16 * 1024 * 1024
 """Per-channel receive window. Larger than the Arrow batches Aqueduct carries (1-8 MiB), so
@@ -74,3 +80,11 @@ class EngineConfig:
     """The version string sent and required (G30)."""
     max_datagram_size: int = 1200
     """Largest datagram the engine builds, until the transport reports the real limit."""
+    payload_buffers: PayloadBuffers | None = None
+    """Where a large incoming MESSAGE is gathered once its whole cost is charged to its
+    channel's flow-control window (so never more than we granted): called with the payload
+    length (at least 64 KiB) and the channel's headers, it returns a writable view of that
+    length and the object to hand the application as the payload (bytes-like, of that
+    length, keeping the view's memory alive and to itself), or None. A pool of reused buffers here spares the
+    receiver a fresh buffer, its page faults and its freeing, per message. None: a
+    ``bytearray`` that grows with what arrived."""

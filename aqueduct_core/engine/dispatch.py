@@ -42,6 +42,8 @@ from aqueduct_core.wire.frames import (
 from aqueduct_core.wire.parser import StreamParser, parse_datagram
 
 _SENDER_FRAMES = (Message, SentUnreliable, FinishSender, CancelSender)
+GATHER_FROM = 64 * 1024
+"""Payloads at least this long are gathered into ``EngineConfig.payload_buffers``' buffers."""
 
 
 class FrameSequence:
@@ -319,6 +321,8 @@ class Dispatch(Handshake):
         seq.reserved = (rm, cost, loose)
         if rm is not None:
             rm.reserve(cost)
+            if not loose:
+                self._gather_buffer(parser, head, rm, cost)
         if loose:
             self._loose_partial += cost
             if self._unattached_bytes + self._loose_partial > self.config.max_pending_bytes:
@@ -326,6 +330,21 @@ class Dispatch(Handshake):
                     "too many bytes of unfinished messages for channels that are not attached",
                     CloseCode.LIMIT_VIOLATION,
                 )
+
+    def _gather_buffer(
+        self, parser: StreamParser, head: MessageHead, rm: ReceiverSM, cost: int
+    ) -> None:
+        """A buffer of the payload's whole length for the parser to gather into, from
+        ``EngineConfig.payload_buffers``, when the message is large and its whole cost lies
+        within the channel's window (granted, not merely announced: a message beyond the
+        window, which the progress rule lets through alone, grows with what arrives)."""
+        make = self.config.payload_buffers
+        window = rm.window()
+        if make is None or window is None or cost > window or head.payload_len < GATHER_FROM:
+            return
+        got = make(head.payload_len, self.endpoints[rm.chanid].headers)
+        if got is not None:
+            parser.gather_into(*got)
 
     def _count_fragment(self, seq: FrameSequence, nbytes: int) -> None:
         """Incomplete frame heads (up to the header and list limits each) are held per

@@ -272,6 +272,10 @@ class ReceiverSM:
                 CloseCode.LIMIT_VIOLATION,
             )
 
+    def window(self) -> int | None:
+        """The bytes this channel may hold (None: no flow control)."""
+        return self._window()
+
     def _window(self) -> int | None:
         """The bytes this channel may hold (None: no flow control)."""
         window = self.conn.own_window

@@ -9,9 +9,15 @@ gathered by appending each piece to one ``bytearray``, which is handed out as th
 copy per byte, whatever the chunk size, and the chunks may be views of a receive buffer the
 transport reuses (transport-tuning.md). The buffer grows with what arrived (Python
 over-allocates an eighth; the C library moves large blocks by remapping pages, not copying),
-so a peer that announces megabytes and sends a few bytes makes us hold a few bytes: this
-measured as fast as one buffer of the announced size, which also pays to zero it. A payload
+so a peer that announces megabytes and sends a few bytes makes us hold a few bytes. A payload
 that arrived in one piece is ``bytes``.
+
+Once the engine has charged a gathering MESSAGE's whole length to what it granted (the
+channel's flow-control window, ``Dispatch._charge``), it may hand the parser a buffer of
+that length (:meth:`StreamParser.gather_into`, from ``EngineConfig.payload_buffers``): the
+rest of the payload is then copied straight into it and that buffer's owner object is the
+payload. A pool of such buffers saves the page faults and the freeing of a fresh buffer per
+message, which cost a receiver more than the copy itself.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from aqueduct_core.wire.frames import (
     Frame,
     Message,
     MessageHead,
+    Payload,
     RouteTo,
     Version,
     frame_name,
@@ -79,6 +86,11 @@ class StreamParser:
         self._payload = bytearray()
         """The payload gathered so far of the MESSAGE in ``head``."""
         self._need = 0
+        self._target: memoryview | None = None
+        """Where the rest of the payload goes, if the engine gave a buffer (``gather_into``)."""
+        self._owner: object = None
+        """What the payload is handed out as when it was gathered into ``_target``."""
+        self._at = 0
 
     @property
     def route(self) -> int | None:
@@ -115,8 +127,38 @@ class StreamParser:
 
     def _put(self, data: _Chunk, n: int) -> None:
         """Append ``n`` bytes of payload (all of ``data``)."""
-        self._payload += data
+        target = self._target
+        if target is None:
+            self._payload += data
+        else:
+            at = self._at
+            target[at : at + n] = data
+            self._at = at + n
         self._need -= n
+
+    def gather_into(self, target: memoryview, owner: object) -> None:
+        """Gather the rest of the MESSAGE in ``head`` into ``target`` (writable, exactly its
+        payload length) and hand ``owner`` out as its payload: what arrived so far is copied
+        there first. ``owner`` must keep ``target``'s memory alive and unused by anyone else
+        (the parser holds both until the message is complete or dropped)."""
+        head = self.head
+        if head is None or self._target is not None or len(target) != head.payload_len:
+            raise ValueError("gather_into: no MESSAGE is being gathered, or a wrong size")
+        got = len(self._payload)
+        target[:got] = self._payload
+        self._payload = bytearray()
+        self._target, self._owner, self._at = target, owner, got
+
+    def _done_payload(self) -> Payload | object:
+        """The gathered payload, handed out; the parser forgets it."""
+        if self._target is not None:
+            payload, self._owner = self._owner, None
+            self._target.release()
+            self._target = None
+        else:
+            payload = self._payload
+        self._payload = bytearray()
+        return payload
 
     def feed(self, data: _Chunk) -> list[Frame]:
         if self.absorb(data):
@@ -129,10 +171,10 @@ class StreamParser:
             self._put(view[:take], take)
             if self._need:
                 return frames
-            payload = self._payload
-            self.head, self._payload = None, bytearray()
+            payload = self._done_payload()
+            self.head = None
             # The grammar was checked when the head arrived.
-            frames.append(Message(head.num, head.headers, head.attachments, payload))
+            frames.append(Message(head.num, head.headers, head.attachments, payload))  # type: ignore[arg-type]
             view = view[take:]
         if self._buf:
             view = memoryview(self._buf + view)
@@ -171,7 +213,7 @@ class StreamParser:
         """The stream was reset: drop any partially received frame (§2.1)."""
         self._buf = b""
         self.head = None
-        self._payload = bytearray()
+        self._done_payload()
         self._need = 0
 
     def finish(self) -> None:

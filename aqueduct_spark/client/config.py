@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_core.transport.config import Transport
+from aqueduct_spark.protocol.buffers import POOL
 from aqueduct_spark.protocol.compression import Compression
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
@@ -64,7 +65,19 @@ class ClientConfig:
             # The connection must accept the batches this client accepts (scans of them).
             limits = replace(engine.limits, max_payload_bytes=self.max_batch_bytes)
             engine = replace(engine, limits=limits)
+        if engine is not self.transport.engine:
             object.__setattr__(self, "transport", replace(self.transport, engine=engine))
+
+    def connection_config(self) -> TransportConfig:
+        """What connections are made with: :attr:`transport`, with scans' batches gathered
+        into the process's pooled buffers (``aqueduct_spark.protocol.buffers``) unless its
+        engine names its own ``payload_buffers``."""
+        transport = self.transport
+        if transport.engine.payload_buffers is not None:
+            return transport
+        return replace(
+            transport, engine=replace(transport.engine, payload_buffers=POOL.for_channel)
+        )
 
     @classmethod
     def from_environment(cls, url: str | None = None, **fields: Any) -> ClientConfig:

@@ -60,7 +60,7 @@ async def open_connection(
                         transport=endpoint.transport,
                         headers=headers,
                         tls=config.tls,
-                        config=config.transport,
+                        config=config.connection_config(),
                     )
             except TimeoutError:
                 lost.append((endpoint, f"no answer within {budget:g} s"))

@@ -35,6 +35,7 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
+from aqueduct_spark.protocol.buffers import POOL
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
 from aqueduct_spark.service.admission import DEFAULT_THREADS, REQUEST_WINDOW, FairPool, Session
@@ -571,6 +572,7 @@ async def start(
     transport = transport or TransportConfig()
     engine = replace(
         transport.engine,
+        payload_buffers=transport.engine.payload_buffers or POOL.for_channel,  # writes' batches
         require_flow_control=True,
         entry_window=config.request_window,
         entry_window_setting="aqueduct serve --request-window",

@@ -22,9 +22,10 @@ import os
 import signal
 import threading
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from types import FrameType
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from aqueduct_spark.client import exit_signals
 from aqueduct_spark.client.aio import AsyncClient
@@ -36,6 +37,11 @@ EXIT_GRACE = 2.0
 """Seconds an exiting process spends, at most, closing its pooled connections."""
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end the process without ``atexit`` when left to their default action."""
+
+
+AHEAD = 1
+"""Items a blocking iteration receives ahead of its caller (one batch while the caller works
+on the previous one)."""
 
 
 class Portal:
@@ -70,16 +76,106 @@ class Portal:
             raise RuntimeError("blocking Client calls cannot run on the client's own loop thread")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()  # type: ignore[arg-type]
 
-    def iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+    def iterate(self, agen: AsyncIterator[T], ahead: int = AHEAD) -> Iterator[T]:
+        """The items of ``agen`` (run on the loop thread) for a blocking caller.
+
+        One task on the loop runs the generator and hands each item over as it comes, up to
+        ``ahead`` items before the caller takes them: the next batch is received and decoded
+        while the caller works on this one, and an item costs one hand-off (a lock and a
+        wake-up only when the caller waits), not a coroutine submitted per item. The
+        generator's error reaches the caller after the items before it; a caller that stops
+        early closes the generator (its task is cancelled) before ``close()`` returns."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("blocking Client calls cannot run on the client's own loop thread")
+        box: _Handoff[T] = _Handoff(self.loop, ahead)
+        done = threading.Event()
+        task = asyncio.run_coroutine_threadsafe(_pump(agen, box, done), self.loop)
         try:
             while True:
-                try:
-                    yield self.run(agen.__anext__())
-                except StopAsyncIteration:
+                item = box.take()
+                if item is _END:
                     return
+                yield item
+        finally:
+            if not done.is_set():
+                task.cancel()
+                # The generator closes on the loop: wait for it, unless this is the loop's
+                # own thread (a generator collected there) or the loop stopped (at exit).
+                if threading.current_thread() is not self.thread:
+                    while not done.wait(0.5) and self.loop.is_running():
+                        pass
+
+
+_END: Any = object()
+
+
+class _Handoff(Generic[T]):
+    """Items from the loop thread to one blocking caller, at most ``ahead`` waiting."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ahead: int) -> None:
+        self.loop = loop
+        self.ahead = max(1, ahead)
+        self.items: deque[Any] = deque()
+        self.error: BaseException | None = None
+        self.cond = threading.Condition(threading.Lock())
+        self.room: asyncio.Future[None] | None = None
+        """Set by the producer while the queue is full; the caller wakes it."""
+
+    def put(self, item: Any) -> asyncio.Future[None] | None:
+        """Loop thread: hand ``item`` over; a future to await when the queue is now full."""
+        with self.cond:
+            self.items.append(item)
+            self.cond.notify()
+            if len(self.items) < self.ahead:
+                return None
+            self.room = self.loop.create_future()
+            return self.room
+
+    def finish(self, error: BaseException | None) -> None:
+        """Loop thread: no more items (``error``: the generator failed with it)."""
+        with self.cond:
+            self.error = error
+            self.items.append(_END)
+            self.cond.notify()
+
+    def take(self) -> T:
+        """Caller thread: the next item (``_END`` after the last), or the producer's error."""
+        with self.cond:
+            while not self.items:
+                self.cond.wait()
+            item = self.items.popleft()
+            room, self.room = self.room, None
+        if item is _END and self.error is not None:
+            raise self.error
+        if room is not None:
+            self.loop.call_soon_threadsafe(_wake, room)
+        return item  # type: ignore[no-any-return]
+
+
+def _wake(room: asyncio.Future[None]) -> None:
+    if not room.done():
+        room.set_result(None)
+
+
+async def _pump(agen: AsyncIterator[T], box: _Handoff[T], done: threading.Event) -> None:
+    """Run ``agen`` into ``box`` until it ends, fails, or the caller stops (cancelled)."""
+    try:
+        try:
+            async for item in agen:
+                room = box.put(item)
+                if room is not None:
+                    await room
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            box.finish(exc)
+        else:
+            box.finish(None)
         finally:
             with contextlib.suppress(Exception):
-                self.run(agen.aclose())  # type: ignore[attr-defined]
+                await agen.aclose()  # type: ignore[attr-defined]
+    finally:
+        done.set()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

@@ -1,15 +1,20 @@
 """The receive path without fresh buffers (issue 28, item 2): a data message lands in a pooled
-buffer that goes back to the pool only when the last Arrow object viewing it is gone."""
+buffer that goes back to the pool only when the last Arrow object viewing it is gone, and a
+blocking iteration hands each batch over once (the next one received meanwhile)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import threading
+from collections.abc import AsyncIterator
 
 import pyarrow as pa
 import pytest
 
 from aqueduct_core.api.codec import CODEC_HEADER
 from aqueduct_spark import protocol as P
+from aqueduct_spark.client.pool import Portal
 from aqueduct_spark.protocol.buffers import BufferPool, size_class
 
 MIB = 1 << 20
@@ -62,3 +67,45 @@ def test_only_raw_channels_get_pooled_buffers() -> None:
     assert pool.for_channel(MIB, ((CODEC_HEADER, b"cbor"),)) is None
     view, payload = pool.for_channel(MIB, ((b"x", b"y"), (CODEC_HEADER, b"raw")))
     assert len(view) == len(payload) == MIB
+
+
+async def numbers(n: int, log: list[str], fail: bool = False) -> AsyncIterator[int]:
+    try:
+        for i in range(n):
+            await asyncio.sleep(0)
+            log.append(f"made {i}")
+            yield i
+        if fail:
+            raise ValueError("broken after the items")
+    finally:
+        log.append(f"closed on {threading.current_thread().name}")
+
+
+def test_iterate_hands_items_over_in_order_one_ahead() -> None:
+    portal = Portal.get()
+    log: list[str] = []
+    got = []
+    for item in portal.iterate(numbers(5, log)):
+        got.append(item)
+        if item == 2:  # the caller works on 2 while 3 is made, not 4
+            assert "made 3" in log or len(log) == 3
+            assert "made 4" not in log
+    assert got == [0, 1, 2, 3, 4]
+    assert log[-1] == "closed on aqueduct-loop"
+
+
+def test_iterate_raises_the_generators_error_after_its_items() -> None:
+    got = []
+    with pytest.raises(ValueError, match="broken after"):
+        for item in Portal.get().iterate(numbers(3, [], fail=True)):
+            got.append(item)
+    assert got == [0, 1, 2]
+
+
+def test_a_caller_that_stops_early_closes_the_generator_before_going_on() -> None:
+    log: list[str] = []
+    items = Portal.get().iterate(numbers(1000, log))
+    assert next(items) == 0
+    items.close()
+    assert log[-1] == "closed on aqueduct-loop"
+    assert len(log) <= 4  # it stopped: nothing ran ahead beyond one item

@@ -258,9 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", help="private key (PEM) of --cert")
     s.add_argument(
         "--workers",
-        type=_positive,
-        default=1,
-        help="service processes sharing the port (default %(default)s)",
+        type=_workers,
+        default="auto",
+        help="service processes sharing the port: N, or auto (one per usable core when there "
+        "are more than two, else 1; default auto)",
     )
     _observability_options(s)
     _storage_options(s)
@@ -507,6 +508,29 @@ def _compression(text: str) -> str:
         return str(Compression.parse(text, "--compression"))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def auto_workers(cores: int | None = None) -> int:
+    """``--workers auto``: one service process per core this process may run on, when there
+    are more than two; else one. A process's event loop (TLS, the socket, the protocol) runs
+    on one core whatever threads decode Parquet beside it, so a service read by many clients
+    (a Spark job's tasks) uses the cores only through several processes; on two cores the
+    clients and the service's decoding threads already contend for the second."""
+    if cores is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return cores if cores > 2 else 1
+
+
+def _workers(text: str) -> int:
+    if str(text).strip().lower() == "auto":
+        return auto_workers()
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a whole number of at least 1, got {text!r}"
+        ) from None
 
 
 def _positive(text: str) -> int:

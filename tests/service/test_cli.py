@@ -159,6 +159,26 @@ def test_serve_flag_defaults_are_the_engines() -> None:
     assert {k: getattr(engine, k) for k in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
 
 
+def test_workers_default_to_one_per_core_beyond_two_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aqueduct_spark.cli import arguments
+    from aqueduct_spark.cli.config import load_config
+
+    assert [arguments.auto_workers(n) for n in (1, 2, 3, 8)] == [1, 1, 3, 8]
+    monkeypatch.setattr(arguments.os, "sched_getaffinity", lambda pid: set(range(6)))
+    parser = arguments.build_parser()
+    assert parser.parse_args(["serve"]).workers == 6  # the default is auto
+    assert parser.parse_args(["serve", "--workers", "AUTO"]).workers == 6
+    assert parser.parse_args(["serve", "--workers", "2"]).workers == 2
+    config = tmp_path / "serve.toml"
+    config.write_text('workers = "auto"\n')
+    serve = next(a for a in parser._actions if a.dest == "command").choices["serve"]  # type: ignore[attr-defined]
+    assert load_config(str(config), serve)["workers"] == 6
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--workers", "0"])
+
+
 def test_quiet_shows_no_progress_bar(service: ServiceProcess, tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "in.parquet")
     loud = shell(f"aqueduct import loud {tmp_path / 'in.parquet'}", service)

@@ -14,7 +14,7 @@ each end (``/proc/<pid>/stat`` of the server process, ``getrusage`` of the clien
 
     sudo .venv/bin/python -m benchmarks.bench_realpath [--quick] [--rows N] [--repeat K]
         [--tables bench taxi] [--mtu 1500 9000] [--rate 1gbit 10gbit] [--loss 0.001 0.01]
-        [--variants aqueduct aqueduct-tcp ...] [--json out.json]
+        [--variants aqueduct aqueduct-tcp ...] [--copies] [--json out.json]
 
 Tables: ``bench`` (ids, halves, "row-<id>" strings, timestamps: very regular) and ``taxi``
 (the shape and entropy of NYC taxi trips, ``benchmarks/taxi.py``); every read is checked.
@@ -22,7 +22,9 @@ Root is required (namespaces, veth): without it the script says so and exits wit
 ``--loss`` adds runs with that fraction of TCP and UDP packets dropped at random in both
 directions (nftables ``numgen``; ``make debs`` installs nft). Namespaces get unique names
 per run and are deleted in a ``finally``. Only 198.18.0.0/15 (RFC 2544) addresses are used.
-Variants are listed in ``benchmarks/realpath_variants.py``.
+Variants are listed in ``benchmarks/realpath_variants.py``. ``--copies`` measures issue 28's
+copy work: each path beside the same path with the copying code of before it at both ends
+(``benchmarks/realpath_oldpath.py``), in the same run.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from benchmarks.realpath_link import (
     veth_link,
 )
 from benchmarks.realpath_variants import (
+    COPIES_VARIANTS,
     DEFAULT_VARIANTS,
     READY,
     TABLES,
@@ -225,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         help="extra runs at MTU 1500 with this fraction of packets dropped (none: --loss)",
     )
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="issue 28's copy work: TCP and QUIC without compression (and TCP with lz4), each "
+        "beside the same path with the copying code of before it at both ends (-copies), "
+        "instead of --variants",
+    )
     parser.add_argument("--packet-size", type=int, help="set the QUIC packet size on both ends")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
@@ -247,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.copies:
+        args.variants = list(COPIES_VARIANTS)
     if args.quick:
         args.rows, args.repeat, args.mtu, args.loss = 500_000, 2, [1500], []
     for needed in ("flight-plain", "flight"):  # the baseline, first

@@ -144,11 +144,14 @@ def read_flight(info: dict[str, Any], table: str) -> Iterator[Any]:
         client.close()
 
 
-def aqueduct_serve(backend: str) -> Serve:
+def aqueduct_serve(backend: str, old: bool = False) -> Serve:
+    """``old``: the service with the copying data path of before issue 28 (``realpath_oldpath``)."""
+
     def serve(
         link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace
     ) -> tuple[Any, dict[str, Any]]:
-        cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", str(root)]
+        module = "benchmarks.realpath_oldpath" if old else "aqueduct_spark.cli"
+        cmd = ["-m", module, "serve", "--root", str(root)]
         cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
         # a veth pair between two private namespaces: no one else can reach it, and Flight
         # runs without a token too (serve refuses a non-loopback host without one otherwise)
@@ -163,10 +166,22 @@ def aqueduct_serve(backend: str) -> Serve:
     return serve
 
 
-def aqueduct_read(transport: str | None, backend: str, compression: str | None) -> Any:
-    """A read with these client settings (None: the client's default)."""
+def aqueduct_read(
+    transport: str | None, backend: str, compression: str | None, old: bool = False
+) -> Any:
+    """A read with these client settings (None: the client's default); ``old``: with the
+    copying data path of before issue 28 (``realpath_oldpath``)."""
 
     def read(info: dict[str, Any], table: str) -> Iterator[Any]:
+        if old:
+            from benchmarks.realpath_oldpath import old_path
+
+            with old_path():
+                yield from _read(info, table)
+        else:
+            yield from _read(info, table)
+
+    def _read(info: dict[str, Any], table: str) -> Iterator[Any]:
         from aqueduct_core.transport import ClientTLS, TransportConfig
         from aqueduct_spark.client import Client
 
@@ -198,6 +213,21 @@ def _variants() -> dict[str, Variant]:
     for compression in (None, "none", "lz4", "zstd"):
         name = "aqueduct-tcp" + (f"-{compression}" if compression else "")
         found[name] = Variant(name, "aqueduct", qh3, aqueduct_read("tcp", "auto", compression))
+    # The copy work of issue 28 against the path before it, per transport, no compression
+    # (and lz4 over TCP): server and client both switched (realpath_oldpath).
+    copies = aqueduct_serve("qh3", old=True)
+    for transport, compression in (("tcp", "none"), ("quic", "none"), ("tcp", "lz4")):
+        name = f"aqueduct-{transport}-{compression}"
+        if name not in found:
+            found[name] = Variant(
+                name, "aqueduct", qh3, aqueduct_read(transport, "auto", compression)
+            )
+        found[f"{name}-copies"] = Variant(
+            f"{name}-copies",
+            "aqueduct-copies",
+            copies,
+            aqueduct_read(transport, "auto", compression, old=True),
+        )
     for backend in ("qh3", "aioquic"):
         name = f"aqueduct-{backend}"
         serve = qh3 if backend == "qh3" else aqueduct_serve("aioquic")
@@ -209,7 +239,12 @@ def _variants() -> dict[str, Variant]:
 VARIANTS = _variants()
 """Every variant. ``aqueduct`` is the client with every default (transport, compression);
 ``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
-``-aioquic`` over QUIC. ``flight`` is the project's Flight server, ``flight-plain`` the plain
+``-aioquic`` over QUIC; ``-copies`` the same client settings with the copying data path of
+before issue 28 at both ends (``benchmarks/realpath_oldpath.py``). ``flight`` is the project's Flight server, ``flight-plain`` the plain
 one users would write (the faster of the two is the baseline), ``flight-zstd`` the plain one
 with zstd IPC compression turned on."""
-DEFAULT_VARIANTS = [v for v in VARIANTS if v != "aqueduct-aioquic"]
+DEFAULT_VARIANTS = [v for v in VARIANTS if v != "aqueduct-aioquic" and not v.endswith("-copies")]
+COPIES_VARIANTS = [
+    v for name in VARIANTS if name.endswith("-copies") for v in (name.removesuffix("-copies"), name)
+]
+"""``--copies``: each path of issue 28's copy work beside the same path before it."""

@@ -8,8 +8,11 @@
 //
 // Usage: node pipe.js plan.json  ->  prints one JSON line: what the page saw.
 // plan: {chromium, origin, config (fetch origin/aqueduct.json first), sessions: [{kind: "webtransport", url, hashes: [hex], streams:
-//        [[base64, fin]], datagrams: [base64], quietMs, maxMs, close: {closeCode, reason}}
-//        | {kind: "websocket", url, protocols: [..], messages: [base64], quietMs, maxMs}]}
+//        [[base64, fin]], datagrams: [base64], quietMs, maxMs, waitFor, close: {closeCode, reason}}
+//        | {kind: "websocket", url, protocols: [..], messages: [base64], quietMs, maxMs, waitFor}]}
+// A session ends once `waitFor` (text) was among the bytes received and nothing more came
+// for quietMs, or after maxMs: the answer's arrival, not a quiet time, ends it (a loaded
+// service may take longer than any quiet time to answer).
 const fs = require('fs');
 const { chromium } = require('playwright-core');
 
@@ -46,6 +49,7 @@ async function webtransport(s) {
   const hex = (h) => Uint8Array.from(h.match(/../g).map((x) => parseInt(x, 16)));
   const out = { streams: [], datagrams: [], events: [] };
   let last = Date.now();
+  let seen = ''; // every byte received, as latin-1: what s.waitFor looks for
   let t;
   try {
     t = new WebTransport(s.url, {
@@ -73,6 +77,7 @@ async function webtransport(s) {
             const r = await reader.read();
             if (r.done) { entry.fin = true; return; }
             entry.chunks.push(b64(r.value));
+            seen += String.fromCharCode(...r.value);
             last = Date.now();
           }
         } catch (e) { entry.error = String(e); }
@@ -99,7 +104,7 @@ async function webtransport(s) {
   for (const d of s.datagrams || []) await dgw.write(bytes(d));
   out.maxDatagramSize = t.datagrams.maxDatagramSize;
   const start = Date.now();
-  while (Date.now() - last < s.quietMs && Date.now() - start < s.maxMs) {
+  while ((!seen.includes(s.waitFor || '') || Date.now() - last < s.quietMs) && Date.now() - start < s.maxMs) {
     await new Promise((r) => setTimeout(r, 20));
   }
   if (s.close) {
@@ -117,11 +122,15 @@ async function websocket(s) {
   const bytes = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
   const out = { messages: [], events: [] };
   let last = Date.now();
+  let seen = '';
   const ws = new WebSocket(s.url, s.protocols);
   ws.binaryType = 'arraybuffer';
   ws.onmessage = (m) => {
     if (typeof m.data === 'string') out.events.push('text message');
-    else out.messages.push(b64(new Uint8Array(m.data)));
+    else {
+      out.messages.push(b64(new Uint8Array(m.data)));
+      seen += String.fromCharCode(...new Uint8Array(m.data));
+    }
     last = Date.now();
   };
   ws.onclose = (e) => out.events.push(`close ${e.code} ${e.reason}`);
@@ -138,7 +147,7 @@ async function websocket(s) {
   out.protocol = ws.protocol;
   for (const m of s.messages) ws.send(bytes(m));
   const start = Date.now();
-  while (Date.now() - last < s.quietMs && Date.now() - start < s.maxMs) {
+  while ((!seen.includes(s.waitFor || '') || Date.now() - last < s.quietMs) && Date.now() - start < s.maxMs) {
     await new Promise((r) => setTimeout(r, 20));
   }
   ws.close(1000);

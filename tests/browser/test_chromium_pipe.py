@@ -190,7 +190,8 @@ def test_chromium_reads_datasets_over_webtransport_and_websocket(
             asked = [c.request("list") for c in clients]
             wt, ws, wss = clients
             assert server.dev_certificates is not None
-            quiet: dict[str, Any] = {"quietMs": 300, "maxMs": 10000}
+            # each session runs until the answer naming the dataset came (then 300 ms more)
+            quiet: dict[str, Any] = {"quietMs": 300, "maxMs": 30000, "waitFor": "trips"}
             refused: dict[str, Any] = {"quietMs": 0, "maxMs": 0}
             seen = await run_pipe(
                 pipe,

@@ -1,21 +1,26 @@
 """Choosing the transport: ``connect()`` over QUIC, TCP or both raced, and ``serve()`` on both.
 
-``transport="auto"`` races the two the way Happy Eyeballs (RFC 8305) races address families:
-QUIC starts first; if it has not completed its handshake after ``tcp.race_delay`` (250 ms),
-TLS/TCP starts too, and the first connection whose Aqueduct handshake completes wins; the
-other attempt is cancelled (or closed, if it completed in the same instant). A QUIC attempt
-that fails outright (say the address does not resolve for UDP) starts TCP at once. To a
-service on this machine (a loopback address, or one of the machine's own) there is no timer:
-no network in between can drop UDP, and a loaded machine's QUIC handshake may well take longer
-than the delay, so TCP starts only when QUIC fails (a port with nothing on UDP fails at once).
+``transport="auto"`` races the two the way Happy Eyeballs (RFC 8305) races address families.
+The ``prefer``red transport (QUIC unless the caller says ``tcp``) starts first; if it has not
+completed its handshake after ``tcp.race_delay`` (250 ms), the other starts too, and the first
+connection whose Aqueduct handshake completes wins; the other attempt is cancelled (or closed,
+if it completed in the same instant). A first attempt that fails outright (UDP refused, TCP
+refused, an address that does not resolve) starts the other at once. To a service on this
+machine (a loopback address, or one of the machine's own) there is no timer: no network in
+between can drop either, and a loaded machine's handshake may well take longer than the
+delay, so the other starts only when the first fails (a port with nothing on it fails at once).
 
-The winner is remembered per service (host and port) for the life of the process: once TCP
-won, later connections (every Spark task of a job) go straight to TCP with no delay; once
-QUIC won, later connections race again, which costs nothing while QUIC keeps answering and
-falls back within the race delay when it stops. When UDP is refused outright (ICMP port
-unreachable), the QUIC attempt learns it at once (its socket is connected, ``udp.py``) and
-TCP starts without waiting; a service that is not there at all (nothing on UDP or TCP) is
-reported as :class:`~aqueduct_core.transport.endpoints.Refused` in about a round trip.
+Callers prefer TCP for bulk data (the dataset client's scans and writes: kernel TCP moves bulk
+data at a fraction of user-space QUIC's CPU per byte) and QUIC for the rest; see
+``docs/core-api.md`` ("QUIC or TCP").
+
+A transport that lost a race it was preferred in (it failed, or was slower than the delay) is
+remembered per service (host and port) for :data:`REMEMBER` seconds: later connections that
+prefer it (every Spark task of a job) go straight to the other with no delay, and race again
+if that fails. A preferred transport that wins clears the mark. When UDP is refused outright
+(ICMP port unreachable), the QUIC attempt learns it at once (its socket is connected,
+``udp.py``); a service that is not there at all (nothing on UDP or TCP) is reported as
+:class:`~aqueduct_core.transport.endpoints.Refused` in about a round trip.
 
 ``AQUEDUCT_TRANSPORT`` (auto, quic or tcp) replaces ``auto`` wherever it is the choice, so a
 deployment can pin the transport for every client without code changes.
@@ -32,7 +37,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -66,9 +71,12 @@ log = logging.getLogger("aqueduct")
 
 TRANSPORTS = ("auto", "quic", "tcp", "webtransport", "websocket")
 REMEMBER = 600.0
-"""Seconds a service's winning transport is remembered (then the race runs again)."""
+"""Seconds a race's outcome is remembered for a service (then the race runs again)."""
 
 _winners: dict[tuple[str, int], tuple[str, float]] = {}
+"""The last race's winner per service (what :func:`remembered` says)."""
+_lost: dict[tuple[str, int, str], float] = {}
+"""When a transport last lost a race it was preferred in, per service."""
 
 
 def resolve_transport(choice: str | None, config: TransportConfig | None = None) -> Transport:
@@ -92,12 +100,26 @@ def remembered(host: str, port: int) -> str | None:
     return entry[0]
 
 
+def lost(host: str, port: int, transport: str) -> bool:
+    """Whether ``transport`` lost a race to ``host:port`` it was preferred in, within
+    :data:`REMEMBER` seconds: connections that prefer it go straight to the other."""
+    when = _lost.get((host, port, transport))
+    return when is not None and time.monotonic() - when <= REMEMBER
+
+
 def forget(host: str | None = None, port: int | None = None) -> None:
-    """Forget the remembered race winners (all, or one service's)."""
+    """Forget the remembered race outcomes (all, or one service's)."""
     if host is None:
         _winners.clear()
+        _lost.clear()
     else:
         _winners.pop((host, port or 0), None)
+        for key in [k for k in _lost if k[:2] == (host, port or 0)]:
+            del _lost[key]
+
+
+def _other(transport: str) -> str:
+    return "tcp" if transport == "quic" else "quic"
 
 
 async def connect(
@@ -109,13 +131,16 @@ async def connect(
     tls: ClientTLS | None = None,
     config: TransportConfig | None = None,
     codecs: dict[str, Codec] | None = None,
+    prefer: str = "quic",
     **quic_options: Any,
 ) -> Connection:
     """Connect to an Aqueduct server; returns once the handshake (QUIC or TLS/TCP, then
-    Aqueduct's connection headers) completed. ``transport`` is ``auto`` (default: race QUIC
-    then TCP), ``quic`` or ``tcp``; ``conn.transport`` says which one carries it. ``headers``
-    are sent as our connection headers. Other keyword arguments (``early_data``) go to the
-    QUIC attempt (:func:`endpoints.connect`)."""
+    Aqueduct's connection headers) completed. ``transport`` is ``auto`` (default: race the
+    two, ``prefer`` first: ``quic`` or ``tcp``), ``quic`` or ``tcp``; ``conn.transport`` says
+    which one carries it. ``headers`` are sent as our connection headers. Other keyword
+    arguments (``early_data``) go to the QUIC attempt (:func:`endpoints.connect`)."""
+    if prefer not in ("quic", "tcp"):
+        raise ValueError(f"prefer must be quic or tcp, got {prefer!r}")
     config = config or TransportConfig()
     tls = tls or ClientTLS()
     codecs = codecs or builtin_codecs()
@@ -129,7 +154,7 @@ async def connect(
             host, port, headers=headers, tls=tls, config=config, codecs=codecs, webtransport=True
         )
     else:
-        conn = await _auto(host, port, headers, tls, config, codecs, quic_options)
+        conn = await _auto(host, port, headers, tls, config, codecs, quic_options, prefer)
     log.debug("connected to %s:%d over %s", host, port, conn.transport)
     return conn
 
@@ -142,44 +167,51 @@ async def _auto(
     config: TransportConfig,
     codecs: dict[str, Codec],
     quic_options: dict[str, Any],
+    prefer: str,
 ) -> Connection:
-    if remembered(host, port) == "tcp":
+    attempts = {
+        "quic": lambda: _quic(host, port, headers, tls, config, codecs, quic_options),
+        "tcp": lambda: _tcp(host, port, headers, tls, config, codecs),
+    }
+    if lost(host, port, prefer):
+        other = _other(prefer)
         try:
-            return await _tcp(host, port, headers, tls, config, codecs)
+            return await attempts[other]()
         except ConnectError as exc:
-            log.info("TCP to %s:%d failed (%s); racing QUIC and TCP again", host, port, exc)
+            log.info("%s to %s:%d failed (%s); racing QUIC and TCP again", other, host, port, exc)
             forget(host, port)
-    return await _race(host, port, headers, tls, config, codecs, quic_options)
+    return await _race(host, port, attempts[prefer], attempts[_other(prefer)], prefer, config)
 
 
 async def _race(
     host: str,
     port: int,
-    headers: Any,
-    tls: ClientTLS,
+    first: Callable[[], Awaitable[Connection]],
+    second: Callable[[], Awaitable[Connection]],
+    prefer: str,
     config: TransportConfig,
-    codecs: dict[str, Codec],
-    quic_options: dict[str, Any],
 ) -> Connection:
-    quic = asyncio.ensure_future(_quic(host, port, headers, tls, config, codecs, quic_options))
-    tasks = [quic]
+    head = asyncio.ensure_future(first())
+    tasks = [head]
     winner: Connection | None = None
     try:
-        # On this machine nothing between us blocks UDP: TCP only if QUIC fails outright.
+        # On this machine nothing between us drops packets: the second transport only if
+        # the first fails outright.
         delay = None if await _same_host(host, port) else config.tcp.race_delay
         await asyncio.wait(tasks, timeout=delay)
-        if not quic.done() or quic.exception() is not None:
-            tasks.append(asyncio.ensure_future(_tcp(host, port, headers, tls, config, codecs)))
+        if not head.done() or head.exception() is not None:
+            tasks.append(asyncio.ensure_future(second()))
         pending = set(tasks)
         while pending and winner is None:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # Both may complete in one turn of the loop: QUIC, first in the list, wins then.
+            # Both may complete in one turn of the loop: the preferred one, first, wins then.
             for task in tasks:
                 if task in done and task.exception() is None:
                     winner = task.result()
                     break
         if winner is None:
-            q, t = quic.exception(), tasks[1].exception()
+            a, b = head.exception(), tasks[1].exception()
+            q, t = (a, b) if prefer == "quic" else (b, a)
             if isinstance(q, Refused) and isinstance(t, Refused):
                 raise Refused(
                     f"nothing listens at {host}:{port} over QUIC ({q.reason}) or TCP "
@@ -188,7 +220,12 @@ async def _race(
                     f"QUIC: {q.reason}; TCP: {t.reason}",
                 )
             raise ConnectError(f"{q} (and over TCP: {t})")
-        _winners[(host, port)] = (winner.transport, time.monotonic())
+        now = time.monotonic()
+        _winners[(host, port)] = (winner.transport, now)
+        if winner.transport == prefer:
+            _lost.pop((host, port, prefer), None)
+        else:
+            _lost[(host, port, prefer)] = now
         return winner
     finally:
         await _drop_losers(tasks, winner)

@@ -680,6 +680,50 @@ def test_auto_prefers_quic_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> N
     run(main())
 
 
+def test_preferring_tcp_races_tcp_first_and_quic_when_tcp_is_not_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``prefer="tcp"`` (the dataset client's bulk lane): TCP wins against a service on both,
+    with no QUIC attempt on this machine however loaded it is (the second transport starts
+    only when the first fails). Against a service on QUIC only (TCP refused at once), QUIC
+    wins at once; TCP is then remembered as lost for that service, so the next connection
+    that prefers it goes straight to QUIC, and one that prefers QUIC is not affected."""
+    monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
+    config = TransportConfig(tcp=TcpSettings(race_delay=0.0))
+
+    async def main() -> None:
+        both = await serve(echo)
+        quic_only = await serve(echo, transport="quic")
+        try:
+            for _ in range(3):
+                conn = await connect(
+                    "127.0.0.1", both.port, tls=both.client_tls(), config=config, prefer="tcp"
+                )
+                assert conn.transport == "tcp" and await rpc(conn) == 2
+                await conn.close()
+            assert {c.transport for c in both.connections} <= {"tcp"}
+            assert not dial.lost("127.0.0.1", both.port, "tcp")
+            tls = quic_only.client_tls()
+            conn, took = await timed_connect(quic_only.port, tls, config=config, prefer="tcp")
+            assert conn.transport == "quic" and await rpc(conn) == 2 and took < 5.0
+            assert dial.lost("127.0.0.1", quic_only.port, "tcp")
+            await conn.close()
+            again = await connect("127.0.0.1", quic_only.port, tls=tls, prefer="tcp")
+            other = await connect("127.0.0.1", quic_only.port, tls=tls)
+            assert again.transport == other.transport == "quic"
+            assert not dial.lost("127.0.0.1", quic_only.port, "quic")
+            await again.close()
+            await other.close()
+            with pytest.raises(ValueError, match="prefer must be quic or tcp"):
+                await connect("127.0.0.1", both.port, tls=both.client_tls(), prefer="udp")
+        finally:
+            await both.close()
+            await quic_only.close()
+            dial.forget()
+
+    run(main())
+
+
 def test_the_race_leaves_only_the_winner(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no race delay both attempts run every time (to a service taken for another
     machine's); whichever wins, the loser is cancelled or closed: the server ends up with

@@ -135,9 +135,9 @@ def _client_options(p: argparse.ArgumentParser) -> None:
         "--transport",
         default="auto",
         choices=["auto", "quic", "tcp"],
-        help="quic, tcp (TLS over TCP, where UDP is blocked) or auto: QUIC first, TCP 250 ms "
-        "later if QUIC has not answered (env AQUEDUCT_TRANSPORT replaces auto; -v shows the "
-        "one used)",
+        help="quic or tcp (TLS over TCP, where UDP is blocked) for everything, or auto: reads "
+        "and writes over TCP, other requests over QUIC, each falling back to the other "
+        "(env AQUEDUCT_TRANSPORT replaces auto; -v shows the one used)",
     )
 
 

@@ -136,8 +136,15 @@ class Client:
 
     @property
     def transport(self) -> str | None:
-        """What carries the pooled connection (``quic`` or ``tcp``); None before one."""
+        """What carries the control lane's pooled connection (``quic`` or ``tcp``), else the
+        bulk lane's; None before one."""
         return self._client.transport
+
+    @property
+    def transports(self) -> dict[str, str]:
+        """What carries each lane with an open connection (``{"control": "quic", "bulk":
+        "tcp"}``; see ``docs/python-client.md``, "QUIC or TCP")."""
+        return self._client.transports
 
     def close(self) -> None:
         """Close this client's pooled connection (others with the same settings share it)."""

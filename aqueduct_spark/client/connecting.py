@@ -1,8 +1,9 @@
 """Opening a connection to the service, within ``connect_timeout``.
 
 Every address of the URL is tried in turn (each over the configured transport: QUIC and
-TCP raced by default), and the round again after a pause, for at most ``retries`` more rounds
-and ``connect_timeout`` seconds in all, pauses included. How each attempt failed decides:
+TCP raced by default, the one the request's lane prefers first), and the round again after a
+pause, for at most ``retries`` more rounds and ``connect_timeout`` seconds in all, pauses
+included. How each attempt failed decides:
 
 - a failure that cannot heal (a host name that does not resolve, a certificate that is not
   trusted or not the pinned one) on every address raises :class:`CannotConnect` at once;
@@ -35,10 +36,14 @@ log = logging.getLogger("aqueduct.client")
 
 
 async def open_connection(
-    config: ClientConfig, endpoints: Sequence[Endpoint], headers: list[tuple[bytes, bytes]]
+    config: ClientConfig,
+    endpoints: Sequence[Endpoint],
+    headers: list[tuple[bytes, bytes]],
+    prefer: str = "quic",
 ) -> Connection:
     """A connection to the first address of ``endpoints`` that answers (see the module's
-    docstring); raises CannotConnect or ServiceUnreachable."""
+    docstring), over the transport ``prefer``red when both are raced; raises CannotConnect
+    or ServiceUnreachable."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     budget = config.connect_timeout
@@ -61,6 +66,7 @@ async def open_connection(
                         headers=headers,
                         tls=config.tls,
                         config=config.connection_config(),
+                        prefer=prefer,
                     )
             except TimeoutError:
                 lost.append((endpoint, f"no answer within {budget:g} s"))

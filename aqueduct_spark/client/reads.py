@@ -16,7 +16,7 @@ from aqueduct_spark import protocol as P
 from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.models import Plan, to_wire_filters
 from aqueduct_spark.client.retry import Retrying, RetryPolicy
-from aqueduct_spark.client.session import Session, log
+from aqueduct_spark.client.session import BULK, Session, log
 
 
 class Reads(Session):
@@ -73,7 +73,7 @@ class Reads(Session):
         delivered = 0
         tries = Retrying(RetryPolicy.of(self.config))
         while True:
-            held = self._held()
+            held = self._held(BULK)
             try:
                 async for batch in self._scan_once(
                     split, schema, columns, filter, batch_rows, delivered
@@ -85,7 +85,7 @@ class Reads(Session):
                 # Refused for now (too many scans open on this connection: nothing was read,
                 # the connection is fine) waits as the service asks, for up to ``timeout``;
                 # a lost connection resumes on a new one, up to ``retries`` times in all.
-                pause = self._pause(tries, exc, held)
+                pause = self._pause(tries, exc, held, BULK)
                 if pause is None:
                     raise
                 if classify(exc) is Kind.TRANSIENT:
@@ -101,7 +101,7 @@ class Reads(Session):
         batch_rows: int | None,
         skip: int,
     ) -> AsyncIterator[pa.RecordBatch]:
-        conn = await self._connection()
+        conn = await self._connection(BULK)  # the request carries the channel: same connection
         compression = P.Compression.parse(self.config.compression)
         headers = [(P.H_SCHEMA, P.schema_to_bytes(schema)), *P.request_headers(compression)]
         tx, rx = channel(headers=headers, codec="raw")

@@ -17,7 +17,7 @@ from aqueduct_core.errors import AqueductError, ChannelError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import frames
 from aqueduct_spark.client.models import Transaction
-from aqueduct_spark.client.session import Session
+from aqueduct_spark.client.session import BULK, Session
 
 
 class Writes(Session):
@@ -69,7 +69,7 @@ class Writes(Session):
         """Stage ``batches`` under ``txn``; returns what was staged (pass it to commit).
         Nothing is visible until the commit. Not retried (the batches are consumed as they
         are sent), so it goes out on a connection proven alive."""
-        conn = await self._live_connection()
+        conn = await self._live_connection(BULK)  # the request carries the data channel
         target = txn.schema
         tx, rx = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(target))], codec="raw")
         reply, answer = oneshot()
@@ -144,7 +144,7 @@ class Writes(Session):
         """Publish every staged file of ``txn`` in one atomic commit. With ``app_id`` and
         ``app_version`` a repeated commit is a no-op (``committed`` is False)."""
         files = [f for task in staged for f in task["staged"]]
-        fields = dict(
+        fields: dict[str, Any] = dict(
             dataset=txn.dataset,
             mode=txn.mode,
             schema=P.schema_to_bytes(txn.schema),

@@ -102,7 +102,13 @@ OPTIONS: tuple[Option, ...] = (
         "transport",
         TransportConfig.transport,
         "all",
-        "`quic`, `tcp` (TLS over TCP, where UDP is blocked) or `auto`: QUIC first, TCP 250 ms later if QUIC has not answered; the winner is remembered per service in each process. The environment variable AQUEDUCT_TRANSPORT replaces `auto`.",
+        "`auto`: each task's scan or write over TLS/TCP (kernel TCP moves bulk data at a "
+        "fraction of QUIC's CPU per byte), the driver's requests (describe, plan, begin, "
+        "commit) over QUIC; each falls back to the other transport 250 ms later if its own "
+        "has not answered, at once if refused, and a transport that did not get through is "
+        "skipped for 10 minutes in that process. `quic` or `tcp` (TLS over TCP, where UDP "
+        "is blocked): that one for everything. The environment variable AQUEDUCT_TRANSPORT "
+        "replaces `auto`. See [QUIC or TCP](python-client.md#quic-or-tcp).",
     ),
     Option(
         "packetSize",

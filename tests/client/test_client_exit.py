@@ -215,6 +215,7 @@ def test_closing_a_client_whose_connection_already_ended_waits_for_its_socket() 
     import warnings
 
     from aqueduct_spark.client import AsyncClient, ClientConfig
+    from aqueduct_spark.client.session import CONTROL
 
     started, stall = threading.Event(), threading.Event()
     box: dict[str, Any] = {}
@@ -244,7 +245,7 @@ def test_closing_a_client_whose_connection_already_ended_waits_for_its_socket() 
         )
         async with AsyncClient(config) as aqueduct:
             await aqueduct.list()
-            conn = aqueduct._conn
+            conn = aqueduct._open(CONTROL)
             loop.call_soon_threadsafe(stall.wait, 30)  # the service stops answering
             assert conn is not None
             while not conn.is_closed:  # the idle timeout ends it (its socket may linger)

@@ -20,6 +20,7 @@ import pytest
 
 from aqueduct_core.transport import ClientTLS
 from aqueduct_spark.client import Client
+from aqueduct_spark.client.session import BULK
 from aqueduct_spark.testing import start_service
 
 pytestmark = pytest.mark.fault
@@ -105,7 +106,7 @@ def test_a_write_that_fails_on_a_lost_connection_raises_its_own_error(
 
     def batches() -> Iterator[pa.RecordBatch]:
         yield pa.record_batch({"n": [1, 2]})
-        conn = session._conn
+        conn = session._open(BULK)  # the write's connection
         assert conn is not None
         asyncio.run_coroutine_threadsafe(conn.close(), client._portal.loop).result(5)
         raise RuntimeError("the batches failed")

@@ -185,6 +185,7 @@ async def flood(url: str, fingerprint: str, n: int, op: str) -> None:
 async def burst(url: str, fingerprint: str, n: int, op: str, transport: str = "quic") -> None:
     from aqueduct_core.transport import ClientTLS
     from aqueduct_spark.client import AsyncClient, ClientConfig
+    from aqueduct_spark.client.session import CONTROL
 
     config = ClientConfig(
         url,
@@ -209,7 +210,7 @@ async def burst(url: str, fingerprint: str, n: int, op: str, transport: str = "q
         if line == "stalled":
             # Wait until a request waits for the service's credit: the service then holds
             # all of this client's requests it may (the test kills us at that moment).
-            conn = client._conn
+            conn = client._open(CONTROL)
             assert conn is not None
             stalls = conn.flow_stalls().credit
             while conn.flow_stalls().credit == stalls:

@@ -28,6 +28,7 @@ from aqueduct_core.api.connection import Connection
 from aqueduct_core.transport import ClientTLS, connect
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, ClientConfig
+from aqueduct_spark.client.session import BULK
 from aqueduct_spark.testing import ServiceProcess, start_service
 
 pytestmark = [pytest.mark.quic]
@@ -195,7 +196,7 @@ def test_scans_beyond_max_scans_are_refused_and_the_client_waits_its_turn(
             scan = client.scan(split, schema=plan.schema)
             await scan.__anext__()
             held.append(scan)
-        conn = await client._connection()
+        conn = await client._connection(BULK)  # where the four scans run
         out, data = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(plan.schema))], codec="raw")
         await conn.entrypoint.send({"op": "scan", "split": split, "out": out})
         first = await asyncio.wait_for(data.recv_message(), 30)

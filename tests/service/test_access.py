@@ -31,6 +31,7 @@ from aqueduct_core.api import channel
 from aqueduct_core.transport import ClientTLS
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, ClientConfig
+from aqueduct_spark.client.session import BULK
 from aqueduct_spark.service.access import AccessPolicy, Grant, grants_from_config
 
 pytestmark = pytest.mark.quic
@@ -377,7 +378,7 @@ async def raw_scan(r: Guarded, token: str, request: dict[str, Any]) -> tuple[int
         ClientConfig(r.svc.url, tls=ClientTLS(fingerprint=r.svc.fingerprint), token=token)
     )
     try:
-        conn = await client._connection()
+        conn = await client._connection(BULK)  # as the client's own scans
         schema = pa.schema([("id", pa.int64()), ("city", pa.string())])
         out, data = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(schema))], codec="raw")
         await conn.entrypoint.send({"op": "scan", **request, "out": out})

@@ -144,10 +144,11 @@ class Session:
             if self.config.token:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
             want = self._wants(lane)
+            prefer = PREFERRED[lane]  # what auto races first; a fixed transport ignores it
             if not self._reached:
-                conn = await open_connection(self.config, self._endpoints, headers, want)
+                conn = await open_connection(self.config, self._endpoints, headers, prefer)
             else:
-                conn = await self._reopen(headers, want)
+                conn = await self._reopen(headers, prefer)
             self._reached = True
             if conn.transport == want:
                 self._missed.pop(want, None)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from delta_store_helpers import write
+from delta_store_helpers import stage, write
 from deltalake import DeltaTable
 
-from aqueduct_spark.service import changes, maintenance
+from aqueduct_spark.service import changes, delta_log, maintenance
 from aqueduct_spark.service.store import MAX_VERSION_RANGE, Store
 from benchmarks.versions_data import append_versions
 
@@ -29,8 +29,8 @@ def rows(lo: int, n: int) -> pa.Table:
 def long_log(store: Store, bulk: int) -> int:
     """A dataset whose log mixes every kind of commit a month of a stream leaves: ``bulk``
     versions written as a Delta writer writes them (a checkpoint on the way), appends the
-    service commits itself, a delete that records change files (deltalake's commit), and
-    appends again. Returns the latest version."""
+    service commits itself, a delete that records change files (deltalake's commit), appends
+    again, a complete-mode overwrite the service commits itself, and appends after it. Returns the latest version."""
     store.create("t", SCHEMA)
     table_dir = Path(store.uri("t"))
     batch = rows(10_000_000, 3)
@@ -39,6 +39,12 @@ def long_log(store: Store, bulk: int) -> int:
         write(store, "t", rows(100 * k, 5), app_id="stream", app_version=k)
     maintenance.delete(store, "t", "id >= 500 AND id < 1000")  # versions with change files
     for k in range(20, 30):
+        write(store, "t", rows(100 * k, 5), app_id="stream", app_version=k)
+    # a complete-mode micro-batch: an overwrite the service commits itself, then appends
+    began = store.snapshot("t").version
+    schema, files = stage(store, "t", rows(5000, 4), mode="overwrite")
+    store.commit("t", "overwrite", schema, (), files, replaces=began)
+    for k in range(30, 32):
         write(store, "t", rows(100 * k, 5), app_id="stream", app_version=k)
     return store.snapshot("t").version
 
@@ -74,9 +80,16 @@ def delta_feed(store: Store, start: int, end: int) -> list[tuple[int, str, int]]
 
 def check_long_log(store: Store, bulk: int) -> None:
     latest = long_log(store, bulk)
-    assert latest == bulk + 31
-    # time travel: a bulk version, one before the checkpoint, ours, around the delete
-    for version in (bulk // 2, bulk + 21, None):  # bulk, after the delete, the latest
+    assert latest == bulk + 34
+    engines = [
+        delta_log.commit_info(delta_log.read_log(store.filesystem("t"), v))["engineInfo"]
+        for v in (bulk + 1, bulk + 21, bulk + 32)
+    ]
+    assert [e.split("/")[0].split(":")[0] for e in engines] == [
+        "aqueduct-spark", "delta-rs", "aqueduct-spark"
+    ]  # fmt: skip
+    # time travel: a bulk version, after the delete, before the overwrite, the latest
+    for version in (bulk // 2, bulk + 21, bulk + 31, None):
         expected = delta_rows(store, version)
         assert scanned(store, version) == expected, version
         assert store.describe("t", version=version).rows == len(expected)

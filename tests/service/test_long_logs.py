@@ -117,6 +117,7 @@ def test_a_few_hundred_versions_read_as_deltalake_reads_them(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 5,000 and 10,000 small files read by both readers: minutes
 def test_ten_thousand_versions_read_as_deltalake_reads_them(tmp_path: Path) -> None:
     check_long_log(Store(tmp_path), 10_000)
     assert len(os.listdir(tmp_path / "t" / "_delta_log")) > 10_000

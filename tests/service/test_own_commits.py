@@ -388,17 +388,15 @@ def test_constraints_and_append_only_on_s3(seaweed: Any, monkeypatch: pytest.Mon
     )
 
 
-def test_a_feature_added_while_an_append_races_is_not_rebased_onto(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def check_feature_race(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """A version taken by a commit that enables what only deltalake may write (row tracking
     here, a protocol change) is not rebased onto by our own commit: the append goes to
     deltalake's commit, which cannot write that feature either, and the writer hears so at
     once (not a conflict retried six times); nothing is committed."""
-    store = Store(tmp_path)
+    options = store.storage_options
     store.create("t", SCHEMA)
     write(store, "t", rows(0, 1))
-    table = DeltaTable(store.uri("t"))
+    table = DeltaTable(store.uri("t"), storage_options=options)
     _race(
         store,
         monkeypatch,
@@ -408,8 +406,21 @@ def test_a_feature_added_while_an_append_races_is_not_rebased_onto(
     )
     with pytest.raises(InvalidRequest, match=r"features the service cannot write.*RowTracking"):
         write(store, "t", rows(1, 1))
-    assert DeltaTable(store.uri("t")).version() == 2
-    assert ids_of(DeltaTable(store.uri("t")).to_pyarrow_table()) == [0]
+    after = DeltaTable(store.uri("t"), storage_options=options)
+    assert after.version() == 2 and ids_of(after.to_pyarrow_table()) == [0]
+
+
+def test_a_feature_added_while_an_append_races_is_not_rebased_onto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    check_feature_race(Store(tmp_path), monkeypatch)
+
+
+def test_a_feature_added_while_an_append_races_on_s3(
+    seaweed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = f"{seaweed.root}/feature-race"
+    check_feature_race(Store(root, storage_options=seaweed.storage_options), monkeypatch)
 
 
 def check_deletion_vectors(store: Store) -> None:

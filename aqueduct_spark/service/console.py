@@ -95,6 +95,8 @@ class ConsoleFiles:
         host = request.headers.get("Host", "")
         if not _HOST.match(host):
             return http_response(400, b"a Host header naming this service is required\n")
+        if request.method != "GET":  # nothing here changes anything
+            return http_response(405, b"only GET is served here\n", headers={"Allow": "GET"})
         if not secure and split_host(host).lower() not in LOOPBACK_NAMES:
             return http_response(
                 421,

@@ -114,16 +114,18 @@ def test_the_console_port_serves_the_page_and_where_the_service_is(
     # localhost may resolve to ::1 first: the UDP endpoint is named by the service's address
     assert plain["webtransport"]["url"] == f"https://127.0.0.1:{console.port}/aqueduct"
     assert raw(port, "/aqueduct.json", "<script>:1").startswith(b"HTTP/1.1 400 ")  # forged
+    answer = raw(port, "/", f"localhost:{port}", method="POST")
+    assert answer.startswith(b"HTTP/1.1 405 ") and b"Allow: GET" in answer
 
 
 UPGRADE = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
 UPGRADE += "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: aqueduct-tcp\r\n"
 
 
-def raw(port: int, path: str, host: str, extra: str = "") -> bytes:
+def raw(port: int, path: str, host: str, extra: str = "", method: str = "GET") -> bytes:
     """One plain HTTP request from this machine, as a browser would send it."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode())
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode())
         return s.recv(4096)
 
 

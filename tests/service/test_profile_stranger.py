@@ -167,6 +167,7 @@ async def webtransport(host: str, port: int, hashes: list[str]) -> dict[str, Any
                     assert ev.session_id == 0
                     if ev.stream_id not in seen["streams_in"]:
                         seen["streams_in"].append(ev.stream_id)
+                        seen.setdefault("first_bytes", ev.data)
                     self.aq.stream(ev.stream_id, ev.data, ev.stream_ended)
                 elif isinstance(ev, H3Datagram) and self.aq is not None:
                     self.aq.got_datagram(ev.data)
@@ -241,6 +242,13 @@ def test_a_strangers_webtransport_client_lists_and_reads(web: ServiceProcess) ->
     # the service's first Aqueduct stream is QUIC stream 15 (after its control and QPACK
     # streams), ours 14
     assert seen["streams_in"][0] == 15 and seen["streams_out"][0] == 14
+    # and the service's first bytes on it are those of §8's example
+    example = """ef505fa6600f408e 4151554544554354 0b 302e302e302d4146544552  01
+                    02 6c  13 617164732d76657273696f6e2d346231663061 01 31
+                           15 6171756564756374 2d636f6465632d3365376139 31 04 63626f72
+                           14 6171756564756374 2d666c6f772d396430346232 04 80808008
+                           1c 61717565647563742d656e7472792d77696e646f772d313965613435 03 808010"""
+    assert seen["first_bytes"].startswith(bytes.fromhex("".join(example.split())))
     assert seen["quic_close"] == 0x100  # H3_NO_ERROR, once our session ended
 
 

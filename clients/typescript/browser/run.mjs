@@ -10,8 +10,8 @@
 // plan: {chromium, args: [..], screenshotDir, harnessDir, consoleUrl?, steps: [
 //   {name, kind: "console-open" | "console-preview" | "console-version" | "wait" | "screenshot" |
 //          "harness" | "eval", ...}]}
-// consoleUrl, or consoleDir with aqueductJson: the console the service serves, or its built
-// files served here from loopback with the aqueduct.json the test gives.
+// consoleUrl: the console as aqueduct serve --console serves it (console-open steps);
+// harnessDir: the built harness page, served here from loopback (harness and eval steps).
 import { createServer } from "node:http";
 import { existsSync, readFileSync } from "node:fs";
 import { extname, join } from "node:path";
@@ -26,13 +26,9 @@ const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/cs
 
 /** The harness page (the client library on window.aqueduct) from a loopback HTTP server:
  * http://127.0.0.1 is a secure context, so WebTransport is offered to it. */
-function serveDir(dir, extra = {}) {
+function serveDir(dir) {
   const server = createServer((req, res) => {
     const path = new URL(req.url, "http://x").pathname;
-    if (path in extra) {
-      res.writeHead(200, { "content-type": "application/json", "cache-control": "no-store" }).end(JSON.stringify(extra[path]));
-      return;
-    }
     const file = join(dir, path === "/" ? "index.html" : path);
     if (!file.startsWith(dir) || !existsSync(file)) {
       res.writeHead(404).end();
@@ -54,10 +50,7 @@ async function main() {
   });
   out({ step: "launch", ms: Date.now() - started, version: browser.version() });
   const harness = plan.harnessDir ? await serveDir(plan.harnessDir) : null;
-  // The console's files with the aqueduct.json the test gives (profile §10), when the test
-  // does not open a console the service serves itself.
-  const consoleServer = plan.consoleDir ? await serveDir(plan.consoleDir, { "/aqueduct.json": plan.aqueductJson }) : null;
-  const consoleUrl = plan.consoleUrl ?? (consoleServer ? `http://127.0.0.1:${consoleServer.address().port}/` : null);
+  const consoleUrl = plan.consoleUrl ?? null;
   try {
     const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
     const page = await context.newPage();
@@ -75,7 +68,6 @@ async function main() {
     }
   } finally {
     harness?.close();
-    consoleServer?.close();
     await browser.close();
   }
 }

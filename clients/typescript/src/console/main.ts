@@ -88,6 +88,7 @@ class ConsoleApp {
     try {
       this.client = await DatasetClient.connect({ endpoints: this.config, token: this.token, transport });
       document.body.dataset.transport = this.client.transport;
+      this.status(`connected over ${this.client.transport}`);
       await this.refresh();
       setInterval(() => this.tick(), 1000);
       setInterval(() => void this.refresh().catch(() => undefined), 10_000);

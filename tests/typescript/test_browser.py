@@ -103,7 +103,11 @@ def udp_blocked(port: int) -> Iterator[None]:
         f"table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n"
         f"  ip daddr 127.0.0.1 udp dport {port} drop\n }}\n}}\n"
     )
-    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    done = subprocess.run(["nft", "-f", "-"], input=rules, text=True, capture_output=True)
+    if done.returncode:
+        pytest.fail(
+            f"nft could not drop UDP (run as root; make test installs nftables): {done.stderr}"
+        )
     try:
         yield
     finally:

@@ -36,7 +36,11 @@ import os
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
+
+from aqueduct_core.engine import EngineConfig
+from aqueduct_spark.protocol.buffers import POOL
 
 T = TypeVar("T")
 
@@ -46,6 +50,25 @@ REQUEST_WINDOW = 256 * 1024
 """Bytes of requests a connection may send ahead of those being served (``--request-window``):
 about 60 small requests (each costs its size plus 4 KiB for the reply channel it carries,
 profile §4), or 15-25 scans or writes with their schemas."""
+
+
+def engine_config(engine: EngineConfig, request_window: int, max_batch_bytes: int) -> EngineConfig:
+    """The engine settings of the service's connections: flow control required (the
+    service's memory bounds rest on it), ``request_window`` of credit on the entrypoint,
+    and data messages of ``max_batch_bytes`` accepted. A lower ``max_batch_bytes`` never
+    lowers the engine's payload limit, which every message of the connection is held to
+    (requests, replies, plans): the batch limit is checked per data message, by name."""
+    engine = replace(
+        engine,
+        payload_buffers=engine.payload_buffers or POOL.for_channel,  # writes' batches
+        require_flow_control=True,
+        entry_window=request_window,
+        entry_window_setting="aqueduct serve --request-window",
+    )
+    if engine.limits.max_payload_bytes < max_batch_bytes:
+        limits = replace(engine.limits, max_payload_bytes=max_batch_bytes)
+        engine = replace(engine, limits=limits)
+    return engine
 
 
 class FairPool:

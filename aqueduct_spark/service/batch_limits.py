@@ -37,7 +37,7 @@ def stage_batch(
             f"{limit / MIB:g} MiB for one data message; split the data into smaller "
             "batches, or raise the limit (aqueduct serve --max-batch-bytes)"
         )
-    batch = message.decode(schema)
+    batch = message.decode(schema, full=True)  # offsets checked before anything reads them
     stage(batch)
     return int(batch.num_rows), int(batch.nbytes), message.codec
 

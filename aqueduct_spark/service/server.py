@@ -35,10 +35,15 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
-from aqueduct_spark.protocol.buffers import POOL
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
-from aqueduct_spark.service.admission import DEFAULT_THREADS, REQUEST_WINDOW, FairPool, Session
+from aqueduct_spark.service.admission import (
+    DEFAULT_THREADS,
+    REQUEST_WINDOW,
+    FairPool,
+    Session,
+    engine_config,
+)
 from aqueduct_spark.service.batch_limits import reader_limit, stage_batch
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
@@ -570,16 +575,7 @@ async def start(
     ``transport.engine`` says, and get ``config.request_window`` of credit on the
     entrypoint."""
     transport = transport or TransportConfig()
-    engine = replace(
-        transport.engine,
-        payload_buffers=transport.engine.payload_buffers or POOL.for_channel,  # writes' batches
-        require_flow_control=True,
-        entry_window=config.request_window,
-        entry_window_setting="aqueduct serve --request-window",
-    )
-    if engine.limits.max_payload_bytes < config.max_batch_bytes:
-        limits = replace(engine.limits, max_payload_bytes=config.max_batch_bytes)
-        engine = replace(engine, limits=limits)
+    engine = engine_config(transport.engine, config.request_window, config.max_batch_bytes)
     transport = replace(transport, engine=engine)
     service = DatasetService(config)
     service.transport = transport  # what its connections use (the console's port too)

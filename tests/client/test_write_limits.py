@@ -96,3 +96,20 @@ def test_a_100_mib_cell_goes_through_with_the_limit_raised_on_both_sides(
     back = c.read("big_cell")
     assert back.column("id").to_pylist() == [1]
     assert back.column("blob")[0].as_py() == blob
+
+
+def test_a_lower_batch_limit_leaves_the_connections_message_limit() -> None:
+    """A client's or a service's lower batch limit is checked per data message, by name; the
+    engine's limit for every message on the connection (requests, replies, plans) stays
+    where it was, and only a higher batch limit raises it."""
+    from aqueduct_core.engine import EngineConfig
+    from aqueduct_core.wire.primitives import WireLimits
+    from aqueduct_spark.client import ClientConfig
+    from aqueduct_spark.service.admission import REQUEST_WINDOW, engine_config
+
+    default = WireLimits().max_payload_bytes
+    for limit, engine in ((MiB, default), (128 * MiB, 128 * MiB)):
+        client = ClientConfig("quic://127.0.0.1:4433", max_batch_bytes=limit)
+        assert client.transport.engine.limits.max_payload_bytes == engine
+        service = engine_config(EngineConfig(), REQUEST_WINDOW, limit)
+        assert service.limits.max_payload_bytes == engine

@@ -4,7 +4,8 @@ An Arrow IPC body compressed with zstd or LZ4 declares, per buffer, the size it 
 to, and pyarrow allocates and decompresses whatever is declared: 64 KiB of zstd zeros held
 2 GiB in the service. The size a message declares now counts against the batch limit
 (``aqueduct serve --max-batch-bytes``, the client's ``maxBatchBytes``) before anything is
-decompressed, at both ends, over QUIC and TCP alike.
+decompressed, at both ends, over QUIC and TCP alike. And a written batch's offsets (strings,
+binaries, lists) are checked before anything reads through them.
 
 The bomb here is honest: the project's own encoder (``P.batch_to_payload`` with zstd) run on
 a real 2 GiB batch of zeros, one message, with the client's own size check bypassed. Its
@@ -286,6 +287,67 @@ def test_a_compression_bomb_is_refused_before_it_is_decompressed(
     assert "2048.0 MiB once decompressed" in error
     assert "over the service's limit of 64 MiB" in error
     assert "aqueduct serve --max-batch-bytes" in error
+
+
+# -- offsets that lie: refused before anything reads through them ----------------------------
+
+
+def lying(offsets: list[int], data: bytes = b"abcdef", binary: bool = False) -> bytes:
+    """A data message of one column whose offsets are ``offsets`` over ``data``: what a
+    hostile client can send (pyarrow's own writer copies the buffers as they are)."""
+    buffers = [None, pa.py_buffer(struct.pack(f"<{len(offsets)}i", *offsets)), pa.py_buffer(data)]
+    kind = pa.binary() if binary else pa.string()
+    column = pa.Array.from_buffers(kind, len(offsets) - 1, buffers)
+    return bytes(pa.record_batch([column], names=["s"]).serialize())
+
+
+LIES = {
+    "past its data": lying([0, 1000, 6]),  # value 0 would read 994 bytes beyond the buffer
+    "backwards": lying([0, 4, 2, 6]),
+    "negative": lying([0, -5, 6]),
+    "not UTF-8": lying([0, 2, 4], b"\xff\xfeab"),
+    "a binary past its data": lying([0, 1 << 20, 6], binary=True),
+}
+
+
+@pytest.mark.parametrize("lie", list(LIES))
+def test_a_batch_whose_offsets_lie_is_refused_when_fully_checked(lie: str) -> None:
+    """pyarrow's reader and its basic ``validate`` take all of these (they check buffer
+    sizes, not the values in them); ``decode(full=True)``, what the service does for every
+    write, refuses each."""
+    message = P.read_data_message(LIES[lie])
+    kind = pa.binary() if "binary" in lie else pa.string()
+    with pytest.raises(P.InvalidRequest, match=r"not an Arrow record batch.*Invalid"):
+        message.decode(pa.schema([("s", kind)]), full=True)
+
+
+def test_a_written_batch_whose_offsets_lie_is_refused_by_the_service(
+    capped: tuple[ServiceProcess, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real connection: the write is refused naming the offset, nothing of it is
+    committed, and the connection goes on."""
+    svc, _ = capped
+    schema = pa.schema([("s", pa.string())])
+
+    def unchecked(batch: pa.RecordBatch, *_: Any) -> Iterator[tuple[pa.RecordBatch, Any]]:
+        yield batch, LIES["past its data"]
+
+    async def attack() -> str:
+        client = client_of(svc, "quic")
+        try:
+            txn = await client.begin("lied", schema)
+            monkeypatch.setattr(P, "payloads_within", unchecked)
+            with pytest.raises(P.InvalidRequest) as refused:
+                await client.write_task(txn, [pa.record_batch([pa.array(["x"])], schema=schema)])
+            monkeypatch.undo()
+            await client.write("lied", pa.table({"s": ["honest"]}), mode="append")
+            assert (await client.read("lied")).column("s").to_pylist() == ["honest"]
+            return str(refused.value)
+        finally:
+            await client.close()
+
+    error = asyncio.run(asyncio.wait_for(attack(), 60))
+    assert "offset for slot 1 out of bounds: 1000 > 6" in error
 
 
 # -- a hostile service's scan answer does not blow up the client -----------------------------

@@ -109,6 +109,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (args.cert is None) != (args.key is None):
         raise StartupError("give both --cert and --key, or neither (for a development certificate)")
     access = _access(args)
+    if args.max_write_buffer_bytes < 2 * args.max_batch_bytes:
+        raise StartupError(
+            f"--max-write-buffer-bytes {args.max_write_buffer_bytes} is less than twice "
+            f"--max-batch-bytes {args.max_batch_bytes}: a message of the largest size must fit "
+            "beside what writes keep; raise --max-write-buffer-bytes or lower --max-batch-bytes"
+        )
     check_exposure(args.host, args.port, access.requires_token, args.allow_anonymous)
     root = args.root
     options = dict(kv.split("=", 1) for kv in args.storage_option)
@@ -144,6 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "max_scans": args.max_scans,
         "request_window": args.request_window,
         "max_batch_bytes": args.max_batch_bytes,
+        "max_write_buffer_bytes": args.max_write_buffer_bytes,
         "compression": args.compression,
         "engine": {
             "handshake_timeout": args.handshake_timeout,
@@ -419,6 +426,7 @@ async def _serve_forever(
         max_scans=spec["max_scans"],
         request_window=spec["request_window"],
         max_batch_bytes=spec["max_batch_bytes"],
+        max_write_buffer_bytes=spec["max_write_buffer_bytes"],
         maintenance=spec["maintenance"],
         staging=spec["staging"],
         compression=Compression.parse(spec.get("compression", "auto")),

@@ -1,5 +1,6 @@
-"""The ``serve`` flags that bound uncommitted writes: staging quotas and the lifetime of idle
-write transactions (``docs/operations.md#uncommitted-writes``)."""
+"""The ``serve`` flags that bound writes: staging quotas and the lifetime of idle write
+transactions (``docs/operations.md#uncommitted-writes``), and the memory for decoded write data
+(``docs/operations.md#memory-bounds``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ LIFETIME_HOURS = 24.0
 SWEEP_SECONDS = 600.0
 """The defaults, as ``service.transactions.StagingConfig`` has them (a test keeps them equal;
 the client side of the command line does not import the service)."""
+WRITE_BUFFER_BYTES = GiB
+"""``--max-write-buffer-bytes``'s default, ``service.write_buffers.WRITE_BUFFER_BYTES`` (a
+test keeps them equal)."""
 
 
 def _positive(text: str) -> float:
@@ -60,6 +64,16 @@ def add_serve_options(s: argparse.ArgumentParser, whole: Callable[[str], int]) -
         default=SWEEP_SECONDS,
         metavar="S",
         help="how often to look for such transactions (default %(default)s)",
+    )
+    m = s.add_argument_group("memory for writes (docs/operations.md#memory-bounds)")
+    m.add_argument(
+        "--max-write-buffer-bytes",
+        type=whole,
+        default=WRITE_BUFFER_BYTES,
+        metavar="BYTES",
+        help="bytes of write data this process holds decoded at once, over all writes (at "
+        "least twice --max-batch-bytes); a data message beyond it waits unread, and its "
+        "client with it (default %(default)s: 1 GiB)",
     )
 
 

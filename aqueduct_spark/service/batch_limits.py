@@ -11,7 +11,7 @@ looked like a lost connection, and was retried).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -22,14 +22,12 @@ from aqueduct_spark.service.operations import field
 MIB = 2**20
 
 
-def stage_batch(
-    stage: Callable[[pa.RecordBatch], None], payload: Any, schema: pa.Schema, limit: int
-) -> tuple[int, int, str]:
-    """Check one data message of a write against ``limit`` (``--max-batch-bytes``), decode
-    and stage it; its rows, Arrow bytes and body compression. Runs on a worker thread: the event loop never decompresses, at
-    most ``threads`` messages are being decoded at once however many writes are in flight,
-    and the messages waiting for a thread wait as they arrived (compressed, within their
-    channel's flow window)."""
+def check_message(payload: Any, limit: int) -> P.DataMessage:
+    """Parse one data message of a write and check it against ``limit``
+    (``--max-batch-bytes``) at the size it declares, before anything is decompressed
+    (tens of microseconds: no decoding). The write then waits for room for that size in the
+    service's budget (``write_buffers``) and decodes it on a worker thread: the event loop
+    never decompresses."""
     message = P.read_data_message(payload)
     if message.size > limit:
         raise P.InvalidRequest(
@@ -37,9 +35,7 @@ def stage_batch(
             f"{limit / MIB:g} MiB for one data message; split the data into smaller "
             "batches, or raise the limit (aqueduct serve --max-batch-bytes)"
         )
-    batch = message.decode(schema, full=True)  # offsets checked before anything reads them
-    stage(batch)
-    return int(batch.num_rows), int(batch.nbytes), message.codec
+    return message
 
 
 def reader_limit(req: dict[str, Any]) -> int | None:

@@ -20,7 +20,6 @@ from dataclasses import field as dataclass_field
 from functools import partial
 from typing import Any
 
-import cbor2
 import pyarrow as pa
 
 from aqueduct_core.api import Connection, OneshotSender, Receiver, Sender
@@ -44,7 +43,7 @@ from aqueduct_spark.service.admission import (
     Session,
     engine_config,
 )
-from aqueduct_spark.service.batch_limits import reader_limit, stage_batch
+from aqueduct_spark.service.batch_limits import reader_limit
 from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
@@ -53,6 +52,7 @@ from aqueduct_spark.service.scan_codec import ConnectionCodecs, encoded
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.transactions import StagingConfig, Transactions
 from aqueduct_spark.service.watch import LogWatch
+from aqueduct_spark.service.write_buffers import WRITE_BUFFER_BYTES, WriteBudget, stage_messages
 
 log = logging.getLogger("aqueduct.service")
 
@@ -97,6 +97,10 @@ class ServiceConfig:
     entrypoint's flow-control window; ``--request-window``). Requests beyond it wait in the
     client, so a burst costs the service nothing until it reads them; a client that sends
     more anyway is disconnected (code 3)."""
+    max_write_buffer_bytes: int = WRITE_BUFFER_BYTES
+    """Bytes of write data the process holds decoded at once, over all writes
+    (``--max-write-buffer-bytes``; at least twice ``max_batch_bytes``). A data message
+    beyond it waits, unread, and its client with it (``write_buffers``)."""
     threads: int = DEFAULT_THREADS
     """Worker threads for Delta Lake and Parquet calls, taken in turn by the connections;
     one connection runs at most a quarter of them (at least one) at once."""
@@ -115,6 +119,13 @@ class ServiceConfig:
                 raise ValueError(
                     f"ServiceConfig.{name} must be at least 1, got {getattr(self, name)}"
                 )
+        if self.max_write_buffer_bytes < 2 * self.max_batch_bytes:
+            raise ValueError(
+                f"max_write_buffer_bytes ({self.max_write_buffer_bytes}) must be at least twice "
+                f"max_batch_bytes ({self.max_batch_bytes}), so that a message of the largest "
+                "size always fits beside what writes keep: raise --max-write-buffer-bytes or "
+                "lower --max-batch-bytes"
+            )
 
 
 def _answer_for(exc: BaseException) -> P.DatasetError:
@@ -229,6 +240,9 @@ class DatasetService:
         self.transport: TransportConfig | None = None
         """What its connections use, once started (the console's port uses it too)."""
         self.transactions.observe(self.observer.metrics.registry)
+        self.write_budget = WriteBudget(config.max_write_buffer_bytes)
+        """Memory for the decoded data of all writes (``write_buffers``)."""
+        self.write_budget.observe(self.observer.metrics.registry)
 
     # -- connection handling ----------------------------------------------------------
 
@@ -490,30 +504,10 @@ class DatasetService:
         writer = await self._pool.run(
             session, stage, name, txn, task, schema, partition_by, grant, conn
         )
-        rows = 0
-        try:
-            while True:
-                try:
-                    delivery = await data.recv_message()
-                except EndOfChannel:
-                    break
-                error = P.find_header(delivery.headers, P.H_ERROR)
-                if error is not None:
-                    raise P.error_from_wire(cbor2.loads(error))
-                limit = self.config.max_batch_bytes
-                added, arrow, codec = await self._pool.run(
-                    session, stage_batch, writer.write, delivery.value, schema, limit
-                )
-                rows += added
-                nbytes = len(delivery.value)
-                note(rows=added, nbytes=nbytes, direction="in", arrow=arrow, codec=codec)
-            staged = await self._pool.run(session, writer.close)
-            note(staged=sum(f.size for f in staged))
-        except BaseException:
-            # Not through the pool: a cancelled request (its connection closed) must still
-            # remove what it staged, and must not wait for its turn to do so.
-            await asyncio.shield(asyncio.to_thread(writer.abort))
-            raise
+        run = partial(self._pool.run, session)
+        limit = self.config.max_batch_bytes
+        rows, staged = await stage_messages(data, writer, schema, limit, self.write_budget, run)
+        note(staged=sum(f.size for f in staged))
         self._reply(
             req,
             P.ok(

@@ -442,6 +442,20 @@ class StageWriter:
         while self._buffered > 2 * self._rg_bytes:
             self._flush(max(self._partitions.values(), key=lambda p: p.buffered_bytes))
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of batches held in memory, waiting to make a row group."""
+        return self._buffered
+
+    def flush(self) -> None:
+        """Write out every partition's buffered batches now, as smaller row groups: what a
+        write does when the service's memory for writes is wanted elsewhere
+        (``write_buffers``)."""
+        if self._state != "open":
+            raise InvalidRequest(f"the stage writer of task {self.task!r} is already {self._state}")
+        for part in self._partitions.values():
+            self._flush(part)
+
     def _flush(self, part: _Partition) -> None:
         if not part.batches:
             return
@@ -532,6 +546,7 @@ class StageWriter:
         if self._state == "aborted":
             return
         self._state = "aborted"
+        self._buffered = 0
         for part in self._partitions.values():
             part.batches = []
             if part.file is not None:

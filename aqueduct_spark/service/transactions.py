@@ -96,6 +96,14 @@ class StagedWrite:
         assert self.writer is not None
         self.writer.write(batch)
 
+    @property
+    def buffered(self) -> int:
+        return 0 if self.writer is None else self.writer.buffered
+
+    def flush(self) -> None:
+        assert self.writer is not None
+        self.writer.flush()
+
     def close(self) -> list[StagedFile]:
         assert self.writer is not None
         staged = self.writer.close()

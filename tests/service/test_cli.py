@@ -157,6 +157,12 @@ def test_serve_flag_defaults_are_the_engines() -> None:
 
     engine = EngineConfig()
     assert {k: getattr(engine, k) for k in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
+    # ...and the service's, copied there so that parsing needs no service import
+    from aqueduct_spark.cli import arguments, staging
+    from aqueduct_spark.service import admission, write_buffers
+
+    assert arguments.REQUEST_WINDOW == admission.REQUEST_WINDOW
+    assert staging.WRITE_BUFFER_BYTES == write_buffers.WRITE_BUFFER_BYTES
 
 
 def test_workers_default_to_one_per_core_beyond_two_cores(

@@ -132,6 +132,7 @@ def test_the_console_lists_previews_follows_versions_and_falls_back_to_websocket
             {"name": "open", "kind": "console-open"},
             {"name": "preview", "kind": "console-preview", "dataset": "rides", "rows": 1000},
             {"name": "version", "kind": "console-version", "dataset": "rides", "timeoutMs": 5000},
+            {"name": "service", "kind": "console-service"},
             {"name": "screenshot", "kind": "screenshot", "path": str(shot)},
             {"name": "block", "kind": "wait"},
             {"name": "fallback", "kind": "console-open", "timeoutMs": 15_000},
@@ -165,6 +166,12 @@ def test_the_console_lists_previews_follows_versions_and_falls_back_to_websocket
     assert [row[0] for row in preview["schema"]] == ["id", "name", "x"]
     # Pushed by subscribe, not polled (the page lists again only every 10 s).
     assert results["version"]["afterCommitMs"] < 1000, results["version"]
+    service = results["service"]
+    ours = [c for c in service["connections"] if c["yours"]]
+    assert [c["transport"] for c in ours] == ["webtransport"], service
+    assert "webtransport 1" in service["service"]["service-connections"], service
+    # its running requests: the subscriptions the page holds, one per dataset
+    assert sum(s[1].startswith("subscribe") for s in service["streams"]) >= 3, service
     assert shot.stat().st_size > 10_000
     fallback = results["fallback"]
     assert fallback["transport"] == "websocket", fallback

@@ -8,7 +8,7 @@
 // (what the test did meanwhile, e.g. the time it committed a version).
 //
 // plan: {chromium, args: [..], screenshotDir, harnessDir, consoleUrl?, steps: [
-//   {name, kind: "console-open" | "console-preview" | "console-version" | "wait" | "screenshot" |
+//   {name, kind: "console-open" | "console-preview" | "console-version" | "console-service" | "wait" | "screenshot" |
 //          "harness" | "eval", ...}]}
 // consoleUrl: the console as aqueduct serve --console serves it (console-open steps);
 // harnessDir: the built harness page, served here from loopback (harness and eval steps).
@@ -102,6 +102,14 @@ async function run(step, page, harness, consoleUrl) {
       await page.waitForFunction(([s, v]) => Number(document.querySelector(s)?.textContent) >= v, [sel, told.version], { timeout, polling: "raf" });
       const seen = Date.now();
       return { afterCommitMs: seen - told.committedAt, version: Number(await page.textContent(sel)) };
+    }
+    case "console-service": {
+      // The service panel (status, once a second): the connections and their requests.
+      await page.waitForSelector('[data-testid="connection-row"]', { timeout });
+      const connections = await page.$$eval('[data-testid="connection-row"]', (trs) => trs.map((tr) => ({ transport: tr.dataset.transport, yours: tr.classList.contains("yours"), cells: [...tr.children].map((td) => td.textContent) })));
+      const streams = await page.$$eval('[data-testid="stream-row"]', (trs) => trs.map((tr) => [...tr.children].map((td) => td.textContent)));
+      const service = await page.$$eval("#service dd", (dds) => Object.fromEntries(dds.map((dd) => [dd.dataset.testid, dd.textContent])));
+      return { connections, streams, service };
     }
     case "wait": {
       // The test does something meanwhile (blocks UDP, commits) and says when it is done.

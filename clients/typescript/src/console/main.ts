@@ -14,6 +14,7 @@ import { DatasetClient, type DatasetInfo } from "../dataset/client.js";
 import { DatasetError } from "../dataset/errors.js";
 import type { Endpoints, TransportChoice } from "../transport/dial.js";
 import { bytes, count, el, rate, rows, when } from "./format.js";
+import { Rates, type Status, servicePanel } from "./service.js";
 
 interface ConsoleConfig extends Endpoints {
   /** The service asks for a token (it was started with --token or a tokens file). */
@@ -48,6 +49,7 @@ class ConsoleApp {
   private lastBytes = 0;
   private lastAt = performance.now();
   private inRate = 0;
+  private rates = new Rates();
 
   constructor(private readonly config: ConsoleConfig) {}
 
@@ -121,12 +123,9 @@ class ConsoleApp {
   }
 
   private async service(): Promise<void> {
-    const st = await this.client!.status();
-    const dl = el("dl");
-    const add = (k: string, v: string) => dl.append(el("dt", {}, k), el("dd", { "data-testid": `service-${k}` }, v));
-    add("this page", `${this.client!.transport}, ${rate(this.inRate)} in, ${this.subscribed.size} subscriptions`);
-    for (const [k, v] of Object.entries(st)) add(k.replaceAll("_", " "), typeof v === "number" && k.endsWith("bytes") ? bytes(v) : String(v));
-    $("service").replaceChildren(dl);
+    const st = (await this.client!.status()) as Status;
+    const page = `${this.client!.transport}, ${rate(this.inRate)} in, ${this.subscribed.size} subscriptions`;
+    $("service").replaceChildren(servicePanel(st, this.rates, performance.now() / 1000, page));
   }
 
   private async refresh(): Promise<void> {

@@ -31,13 +31,11 @@ victim therefore also asks a second service nobody attacks, in turn with the fir
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import queue
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -68,56 +66,13 @@ IDLE_HOLD = 0.5
 # -- the bursting client (its own process) -------------------------------------------------
 
 
-class Attacker:
-    """``service_process.py burst N list TRANSPORT`` in its own process; its lines read by a
-    thread, so that waiting for one can time out."""
-
-    def __init__(self, url: str, fingerprint: str, n: int, transport: str, tree: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ATTACKER), "burst", url, fingerprint, str(n), "list",
-             transport],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(tree)},
-            cwd=tree,
-        )  # fmt: skip
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put("")
-
-    def expect(self, word: str, timeout: float) -> list[str] | None:
-        """The words after ``word`` on the client's next line starting with it; None if it
-        did not say it within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if not line:
-                raise RuntimeError(f"the bursting client exited ({self.proc.wait()})")
-            if line.startswith(word):
-                return line.split()[1:]
-        return None
-
-    def tell(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
+def _remote() -> Any:
+    """The flood tests' ``Remote`` (a class of ATTACKER, which is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("service_process", ATTACKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Remote
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -200,13 +155,12 @@ def one_round(root: Path, n: int, tree: Path, seconds: float, transport: str) ->
     alike (the ``x control`` column)."""
     from aqueduct_spark.testing import start_service
 
-    env = {"PYTHONPATH": str(tree)}
+    env: dict[str, Any] = {"env": {"PYTHONPATH": str(tree)}, "cwd": tree}
     log = root.parent / f"{root.name}.log"
-    svc = start_service(root, args=["--metrics-port", "0"], log=log, env=env, cwd=tree)
+    svc = start_service(root, args=["--metrics-port", "0"], log=log, **env)
     spare = start_service(
-        root.parent / f"{root.name}-control", log=root.parent / f"{root.name}-control.log",
-        env=env, cwd=tree,
-    )  # fmt: skip
+        root.parent / f"{root.name}-control", log=root.parent / f"{root.name}-control.log", **env
+    )
     attacker = None
     try:
         metrics = next(
@@ -216,20 +170,22 @@ def one_round(root: Path, n: int, tree: Path, seconds: float, transport: str) ->
         )
         victim, control = _seed(svc, transport), _seed(spare, transport)
         idle, _ = _in_turn((victim, control), seconds / 2)
-        attacker = Attacker(svc.url, svc.fingerprint, n, transport, tree)
-        if attacker.expect("FIRST", 60) is None:
-            raise RuntimeError("the bursting client had no answer within 60 s")
+        attacker = _remote()("burst", svc.url, svc.fingerprint, n, "list", transport, **env)
+        attacker.expect("FIRST", 60)
         load = os.getloadavg()[0]
         loaded, unattacked = _in_turn((victim, control), seconds)
         attacker.tell("count")
-        sent = attacker.expect("ANSWERED", 30)
-        burst_answered = int(sent[0]) if sent else -1
+        burst_answered = int(attacker.expect("ANSWERED", 30)[0])
         # Killed while the service holds all it may of the burst: one of its requests waits
         # for credit (the service's window is full), not in a pause of the client's own.
         attacker.tell("stalled")
-        stalled = attacker.expect("STALLED", 20) is not None
+        try:
+            attacker.expect("STALLED", 20)
+            stalled = True
+        except AssertionError:  # killed anyway, and said so in the results
+            stalled = False
         served, cancelled = _requests(metrics, "list")  # just before: counts all that follow
-        attacker.kill()
+        attacker.stop()
         to_idle, cpu = _to_idle(svc.proc.pid)
         now = _requests(metrics, "list")
         after, dropped = now[0] - served, now[1] - cancelled
@@ -237,7 +193,7 @@ def one_round(root: Path, n: int, tree: Path, seconds: float, transport: str) ->
         control.close()
     finally:
         if attacker is not None:
-            attacker.kill()
+            attacker.stop()
         svc.stop()
         spare.stop()
     med = statistics.median

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,22 +84,44 @@ def client_transport() -> TransportConfig:
 
 
 class Remote:
-    """This module run as an attacking client in a child process."""
+    """This module run as an attacking client in a child process (``env`` and ``cwd``: what
+    it runs with, say another source tree's ``PYTHONPATH``). Its lines are read by a thread,
+    so that waiting for one times out even when the child says nothing at all."""
 
-    def __init__(self, command: str, url: str, fingerprint: str, *args: Any) -> None:
+    def __init__(
+        self,
+        command: str,
+        url: str,
+        fingerprint: str,
+        *args: Any,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, command, url, fingerprint, *map(str, args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=None if env is None else {**os.environ, **env},
+            cwd=cwd,
         )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")  # the child's stdout closed
 
     def expect(self, word: str, timeout: float = 60) -> list[str]:
         """Wait for the child's line starting with ``word``; returns its other words."""
-        assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                break
             if not line:
                 raise AssertionError(f"the attacking client exited ({self.proc.wait()})")
             if line.startswith(word):

@@ -90,30 +90,45 @@ def check(
     every row satisfies every rule of ``found``."""
     if not found:
         return
+    for add in adds:
+        with fs.open_input_file(add.path) as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=CHECK_ROWS):
+                _check_rows(name, _with_partitions(batch, add, schema), found)
+
+
+CHECK_ROWS = 65_536
+"""Rows checked at a time: memory stays that of one batch, whatever the file's size."""
+
+
+def _with_partitions(batch: pa.RecordBatch, add: AddAction, schema: pa.Schema) -> pa.Table:
+    """The rows of ``batch`` with the file's partition values as columns (a constraint may
+    name them; the Parquet file does not hold them)."""
+    table = pa.Table.from_batches([batch])
+    for col, value in (add.partition_values or {}).items():
+        kind = schema.field(col).type
+        column = pa.array([value] * table.num_rows, pa.string()).cast(kind)
+        table = table.append_column(pa.field(col, kind), column)
+    return table
+
+
+def _check_rows(name: str, table: pa.Table, found: Rules) -> None:
     import polars as pl
 
-    for add in adds:
-        table = pq.read_table(add.path, filesystem=fs)
-        for col, value in (add.partition_values or {}).items():
-            kind = schema.field(col).type
-            table = table.append_column(
-                pa.field(col, kind), pa.array([value] * table.num_rows, pa.string()).cast(kind)
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    for rule, expr in found:
+        try:
+            bad = frame.filter(~pl.sql_expr(expr).fill_null(False))
+        except Exception as exc:  # Polars cannot evaluate it: never commit unchecked
+            raise InvalidRequest(
+                f"dataset {name!r} has the constraint {rule} ({expr}), which the service "
+                f"cannot check ({exc}); write to it with Spark or "
+                "deltalake, or drop the constraint"
+            ) from exc
+        if bad.height:
+            row = bad.row(0, named=True)
+            raise InvalidRequest(
+                f"the write to dataset {name!r} violates its constraint {rule} ({expr}): "
+                f"{bad.height} row(s) of a staged file, e.g. {row}; nothing was committed; "
+                "remove or correct those rows and write again"
             )
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
-        for rule, expr in found:
-            try:
-                bad = frame.filter(~pl.sql_expr(expr).fill_null(False))
-            except Exception as exc:  # Polars cannot evaluate it: never commit unchecked
-                raise InvalidRequest(
-                    f"dataset {name!r} has the constraint {rule} ({expr}), which the service "
-                    f"cannot check ({exc}); write to it with Spark or "
-                    "deltalake, or drop the constraint"
-                ) from exc
-            if bad.height:
-                row = bad.row(0, named=True)
-                raise InvalidRequest(
-                    f"the write to dataset {name!r} violates its constraint {rule} ({expr}): "
-                    f"{bad.height} row(s) of a staged file, e.g. {row}; nothing was committed; "
-                    "remove or correct those rows and write again"
-                )

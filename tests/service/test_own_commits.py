@@ -23,7 +23,14 @@ from delta_store_helpers import stage, write
 from deltalake import DeltaTable, Field, Schema, TableFeatures, write_deltalake
 
 from aqueduct_spark.protocol import Conflict, InvalidRequest
-from aqueduct_spark.service import delta_commit, delta_log, log_tail, maintenance, tables
+from aqueduct_spark.service import (
+    constraints,
+    delta_commit,
+    delta_log,
+    log_tail,
+    maintenance,
+    tables,
+)
 from aqueduct_spark.service.store import Store
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string())])
@@ -372,6 +379,16 @@ def test_constraints_and_append_only_on_a_local_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     check_constraints_and_append_only(Store(tmp_path), monkeypatch)
+    # a constraint on a partition column (its values are in the path, not the file), checked
+    # batch by batch: a violation in the last batch of a file is found
+    monkeypatch.setattr(constraints, "CHECK_ROWS", 2)
+    store = Store(tmp_path)
+    store.create("parts", SCHEMA, partition_by=["p"])
+    DeltaTable(store.uri("parts")).alter.add_constraint({"known": "p <> 'bad' AND id < 5"})
+    for bad in (rows(0, 2, "bad"), rows(0, 6, "x")):
+        with pytest.raises(InvalidRequest, match="violates its constraint known"):
+            write(store, "parts", bad, partition_by=["p"])
+    assert write(store, "parts", rows(0, 5, "ok"), partition_by=["p"]).rows == 5
     # a column invariant (legacy, writer version 2), as deltalake declares one
     invariant = json.dumps({"expression": {"expression": "id > 3"}})
     fields = [Field("id", "long", metadata={"delta.invariants": invariant}), Field("p", "string")]

@@ -150,7 +150,7 @@ class Reads(Session):
                 "maxBatchBytes, ClientConfig.max_batch_bytes); raise it if the dataset holds "
                 "rows this large, or check that the URL is the dataset service you expect"
             )
-        return message.decode(schema)
+        return message.decode(schema)  # offsets checked: a service's lie is refused
 
     async def read_batches(
         self,

@@ -139,7 +139,7 @@ async def _done(call: Awaitable[T]) -> T:
 
 def _stage(write: StagedWrite, message: P.DataMessage, schema: pa.Schema) -> tuple[int, int]:
     """Decode one data message and stage it (on a worker thread): its rows and Arrow bytes."""
-    batch = message.decode(schema, full=True)
+    batch = message.decode(schema, check="full")
     write.write(batch)
     return int(batch.num_rows), int(batch.nbytes)
 

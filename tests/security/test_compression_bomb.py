@@ -34,6 +34,7 @@ from aqueduct_core.api import Connection, Receiver
 from aqueduct_core.transport import ClientTLS, serve
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import AsyncClient, ClientConfig
+from aqueduct_spark.protocol import arrow
 from aqueduct_spark.protocol.arrow import payload_size
 from aqueduct_spark.protocol.ipc_meta import declared
 from aqueduct_spark.testing import ServiceProcess, start_service
@@ -301,24 +302,64 @@ def lying(offsets: list[int], data: bytes = b"abcdef", binary: bool = False) -> 
     return bytes(pa.record_batch([column], names=["s"]).serialize())
 
 
+def nested_lie() -> bytes:
+    """A list of strings whose strings' offsets run backwards."""
+    buffers = [None, pa.py_buffer(struct.pack("<4i", 0, 4, 2, 6)), pa.py_buffer(b"abcdef")]
+    strings = pa.Array.from_buffers(pa.string(), 3, buffers)
+    column = pa.ListArray.from_arrays(pa.array([0, 3], pa.int32()), strings)
+    return bytes(pa.record_batch([column], names=["s"]).serialize())
+
+
 LIES = {
     "past its data": lying([0, 1000, 6]),  # value 0 would read 994 bytes beyond the buffer
     "backwards": lying([0, 4, 2, 6]),
     "negative": lying([0, -5, 6]),
     "not UTF-8": lying([0, 2, 4], b"\xff\xfeab"),
     "a binary past its data": lying([0, 1 << 20, 6], binary=True),
+    "in a list": nested_lie(),
 }
 
 
+def lie_schema(lie: str) -> pa.Schema:
+    kind = {"a binary past its data": pa.binary(), "in a list": pa.list_(pa.string())}
+    return pa.schema([("s", kind.get(lie, pa.string()))])
+
+
 @pytest.mark.parametrize("lie", list(LIES))
-def test_a_batch_whose_offsets_lie_is_refused_when_fully_checked(lie: str) -> None:
+def test_a_batch_whose_offsets_lie_is_refused_before_use(lie: str) -> None:
     """pyarrow's reader and its basic ``validate`` take all of these (they check buffer
-    sizes, not the values in them); ``decode(full=True)``, what the service does for every
-    write, refuses each."""
+    sizes, not the values in them). ``check="full"``, what the service does for every
+    write, refuses each; ``offsets``, what a client does for every scan, each but the
+    invalid UTF-8 (which reads no memory it should not)."""
     message = P.read_data_message(LIES[lie])
-    kind = pa.binary() if "binary" in lie else pa.string()
+    message.decode(lie_schema(lie), check="sizes")
     with pytest.raises(P.InvalidRequest, match=r"not an Arrow record batch.*Invalid"):
-        message.decode(pa.schema([("s", kind)]), full=True)
+        message.decode(lie_schema(lie), check="full")
+    if lie == "not UTF-8":
+        message.decode(lie_schema(lie), check="offsets")
+    else:
+        with pytest.raises(P.InvalidRequest, match=r"not an Arrow record batch.*offset"):
+            message.decode(lie_schema(lie), check="offsets")
+
+
+def test_every_string_in_nested_types_is_checked_and_honest_batches_pass() -> None:
+    honest = pa.record_batch(
+        {
+            "plain": pa.array(["a", "bé"], pa.large_string()),
+            "point": pa.array([{"x": 1, "name": "p"}, {"x": 2, "name": "q"}]),
+            "tags": pa.array([{"k": "v"}, {}], pa.map_(pa.string(), pa.string())),
+            "words": pa.array([["a"], ["b", "c"]], pa.large_list(pa.string())),
+            "pair": pa.array([["a", "b"], ["c", "d"]], pa.list_(pa.string(), 2)),
+            "ids": pa.array([[1], [2, 3]], pa.list_(pa.int64())),
+        }
+    )
+    message = P.read_data_message(bytes(honest.serialize()))
+    for check in ("sizes", "offsets", "full"):
+        assert message.decode(honest.schema, check=check).equals(honest)
+    assert arrow._strings_as_binary(honest.schema.field("tags").type) == pa.map_(
+        pa.binary(), pa.binary()
+    )
+    assert arrow._strings_as_binary(honest.schema.field("ids").type) is None
 
 
 def test_a_written_batch_whose_offsets_lie_is_refused_by_the_service(

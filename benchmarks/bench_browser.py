@@ -29,33 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.bench_realpath_spark import tree_cpu as cpu_seconds
 from benchmarks.browser_driver import CHROMIUM, Browser, build, endpoints, sample, spki_hash
 from benchmarks.common import machine, write_json
 
 HERE = Path(__file__).resolve().parent
 BROWSER_PATHS = ("webtransport", "websocket")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) used so far by ``pid`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        stats[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICK
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += stats.get(p, 0.0)
-        todo += children.get(p, [])
-    return total
 
 
 def check(table: pa.Table) -> int:

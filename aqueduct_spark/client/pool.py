@@ -165,7 +165,11 @@ async def _pump(agen: AsyncIterator[T], box: _Handoff[T], done: threading.Event)
                 room = box.put(item)
                 if room is not None:
                     await room
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            # The caller stopped (it waits for ``done``, not for an item), or something
+            # cancelled the generator's work (the pool closing at exit): a caller waiting
+            # for an item gets the cancellation, as a submitted coroutine's caller did.
+            box.finish(exc)
             raise
         except BaseException as exc:
             box.finish(exc)

@@ -109,3 +109,26 @@ def test_a_caller_that_stops_early_closes_the_generator_before_going_on() -> Non
     items.close()
     assert log[-1] == "closed on aqueduct-loop"
     assert len(log) <= 4  # it stopped: nothing ran ahead beyond one item
+
+
+def test_a_generator_cancelled_from_within_ends_the_callers_wait() -> None:
+    """Work the generator awaits is cancelled (a closing connection, the pool's exit): the
+    caller waiting for the next item gets the cancellation instead of waiting for ever."""
+
+    async def cancelled() -> AsyncIterator[int]:
+        yield 1
+        raise asyncio.CancelledError
+
+    outcome: list[object] = []
+
+    def consume() -> None:
+        try:
+            outcome.extend(Portal.get().iterate(cancelled()))
+        except BaseException as exc:
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the caller still waits for an item that never comes"
+    assert outcome == [1, "CancelledError"]

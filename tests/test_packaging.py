@@ -38,6 +38,7 @@ def test_serve_without_the_service_extra_says_what_to_install(
     import importlib.util
 
     from aqueduct_spark import cli
+    from aqueduct_spark.cli import serve  # lazily imported by cli.main: not an attribute yet
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -47,7 +48,7 @@ def test_serve_without_the_service_extra_says_what_to_install(
     def serve_anyway(main: object) -> None:
         raise AssertionError("serve started without Delta Lake")
 
-    monkeypatch.setattr(cli.serve, "_run", serve_anyway)
+    monkeypatch.setattr(serve, "_run", serve_anyway)
     for command in (["serve", "--root", str(tmp_path)], ["vacuum", "d", "--root", str(tmp_path)]):
         assert cli.main(command) == 1
         err = capsys.readouterr().err

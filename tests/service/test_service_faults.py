@@ -47,25 +47,36 @@ def test_service_killed_mid_write_leaves_the_previous_version(tmp_path: Path) ->
         committed = parquet_files(svc.root / "victim")
         txn = c.begin("victim", pa.schema([("id", pa.int64())]))
         errors: list[BaseException] = []
+        killed = threading.Event()
+
+        def until_staged_then_killed():  # type: ignore[no-untyped-def]
+            """Batches until the service has staged part of the write (its first row group,
+            32 MiB, is on disk), then none until the service is killed: the kill always
+            lands mid-write, however slowly the machine stages."""
+            for i, batch in enumerate(batches(200)):
+                yield batch
+                if len(parquet_files(svc.root / "victim")) > len(committed):
+                    break
+                assert i < 199, "200 batches (80 MB) sent and nothing staged"
+            assert killed.wait(60)
+            yield batch  # to a dead service
 
         def write() -> None:
             try:
-                c.write_task(txn, batches(200, pause=0.02))
+                c.write_task(txn, until_staged_then_killed())
             except BaseException as exc:
                 errors.append(exc)
 
         writer = threading.Thread(target=write)
         writer.start()
-        deadline = time.monotonic() + 20
-        while (
-            len(parquet_files(svc.root / "victim")) == len(committed)
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)  # until the service has staged part of the write
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while len(parquet_files(svc.root / "victim")) == len(committed) and writer.is_alive():
+            assert time.monotonic() < deadline, "nothing staged within 60 s"
+            time.sleep(0.02)
         svc.kill()
+        killed.set()
         writer.join(60)
-        assert errors and isinstance(errors[0], ConnectionLost)
+        assert errors and isinstance(errors[0], ConnectionLost), errors
         table = DeltaTable(str(svc.root / "victim"))
         assert table.version() == 0 and table.to_pyarrow_table().num_rows == 50_000
         assert parquet_files(svc.root / "victim") > committed  # orphaned staged files exist

@@ -94,16 +94,18 @@ def backlog(svc: ServiceProcess, name: str, versions: int, per_version: int) -> 
 
 
 def started(query: Any) -> None:
-    """Wait until a continuous query finished its first trigger (its reader is running)."""
-    wait_until(
-        lambda: (
-            query.status["message"] != "Initializing sources"
-            and not query.status["isTriggerActive"]
-        ),
-        60,
-        "the query to start",
-        step=0.05,
-    )
+    """Wait until a continuous query finished its first trigger: its reader has fixed where it
+    starts (``initialOffset``: with startingVersion=latest, the version then latest), so what
+    is appended from now on is new to it. The first trigger reports progress even when it read
+    nothing; its status alone does not tell (before the query's thread runs, it is neither
+    "Initializing sources" nor an active trigger, which let an append race the start)."""
+
+    def first_trigger_done() -> bool:
+        if not query.isActive:
+            raise AssertionError(f"the query ended before its first trigger: {query.exception()}")
+        return query.lastProgress is not None
+
+    wait_until(first_trigger_done, 60, "the query's first trigger", step=0.05)
 
 
 # -- source and sink end to end ----------------------------------------------------------

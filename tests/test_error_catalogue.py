@@ -58,12 +58,17 @@ afresh")."""
 # -- the classes and the places that raise them ----------------------------------------------
 
 
-def modules() -> Iterator[tuple[str, Path, ast.Module]]:
+@functools.cache
+def modules() -> tuple[tuple[str, Path, ast.Module], ...]:
+    """Every module of the packages, parsed once for all the checks (parsing them all again
+    for each cost seconds)."""
+    out = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             relative = path.relative_to(ROOT)
             name = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
-            yield name, relative, ast.parse(path.read_text(encoding="utf-8"))
+            out.append((name, relative, ast.parse(path.read_text(encoding="utf-8"))))
+    return tuple(out)
 
 
 @functools.cache
@@ -80,7 +85,8 @@ def error_classes() -> dict[str, type[BaseException]]:
     return out
 
 
-def public_names() -> set[str]:
+@functools.cache
+def public_names() -> frozenset[str]:
     """What users may name: everything in a module's ``__all__``."""
     names: set[str] = set()
     for module, _, tree in modules():
@@ -89,7 +95,7 @@ def public_names() -> set[str]:
                 isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
             ):
                 names |= set(importlib.import_module(module).__all__)
-    return names
+    return frozenset(names)
 
 
 @functools.cache
@@ -147,7 +153,8 @@ def literal(node: ast.expr) -> tuple[str, list[ast.expr]] | None:
     return None
 
 
-def raise_sites() -> list[RaiseSite]:
+@functools.cache
+def raise_sites() -> tuple[RaiseSite, ...]:
     classes = set(error_classes())
     sites = []
     for _, path, tree in modules():
@@ -161,7 +168,7 @@ def raise_sites() -> list[RaiseSite]:
             found = literal(node.args[0])
             text, values = found if found is not None else (None, [])
             sites.append(RaiseSite(f"{path}:{node.lineno}", name, text, tuple(values)))
-    return sites
+    return tuple(sites)
 
 
 # -- what counts as internal ------------------------------------------------------------------

@@ -8,8 +8,9 @@
 5. runs a streaming query from one dataset to another while rows are appended;
 6. prints what happened, with timings, and shuts everything down.
 
-The service's own log (a line per request at INFO) goes to a file, named at the end, so that
-the terminal shows only the steps and their timings.
+The service's own log (a line per request at INFO) and Spark's (its JVM's stderr: log4j, the
+JVM's warnings, its Python workers' stderr) go to files, named at the end, so that the terminal
+shows only the steps and their timings.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from aqueduct_spark.client import Client
     from aqueduct_spark.testing import ServiceProcess
@@ -72,6 +74,7 @@ def main() -> int:
     total = 6
     started = time.perf_counter()
     log = service_log()
+    spark_log = service_log("spark")
     try:
         with tempfile.TemporaryDirectory(prefix="aqueduct-demo-") as tmp:
             with step(1, total, "starting the dataset service on loopback"):
@@ -79,7 +82,7 @@ def main() -> int:
                 say(f"      {svc.url}  (certificate SHA-256 {svc.fingerprint[:23]}...)")
             try:
                 with step(2, total, "starting Spark (local mode, 2 cores)"):
-                    spark = start_spark()
+                    spark = start_spark(spark_log)
                 try:
                     run(spark, svc, Path(tmp), total)
                 finally:
@@ -88,6 +91,7 @@ def main() -> int:
                 svc.stop()
     finally:
         say(f"\nThe service's log (a line per request): {log}")
+        say(f"Spark's log: {spark_log}")
     say(
         f"All done in {time.perf_counter() - started:.0f} s. Everything ran on this machine: a QUIC "
         "service, Spark, and Delta tables in a temporary directory (now removed)."
@@ -95,9 +99,10 @@ def main() -> int:
     return 0
 
 
-def service_log() -> Path:
-    """A new file for the service's log, kept after the demo (its directory is not)."""
-    fd, path = tempfile.mkstemp(prefix="aqueduct-demo-service-", suffix=".log")
+def service_log(what: str = "service") -> Path:
+    """A new file for the service's (or Spark's) log, kept after the demo (its directory is
+    not)."""
+    fd, path = tempfile.mkstemp(prefix=f"aqueduct-demo-{what}-", suffix=".log")
     os.close(fd)
     return Path(path)
 
@@ -110,12 +115,15 @@ def start_demo_service(root: Path, log: Path) -> ServiceProcess:
     return start_service(root, log=log)
 
 
-def start_spark() -> SparkSession:
+def start_spark(log: Path) -> SparkSession:
+    """Spark in local mode, its JVM's stderr in ``log``: the JVM inherits this process's
+    stderr, so it is pointed at the file while the JVM starts (log4j's console lines, the
+    JVM's own warnings and the stderr of Spark's Python workers then go there for good)."""
     from pyspark.sql import SparkSession
 
     from aqueduct_spark.datasource import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("aqueduct-demo")
         .config("spark.ui.enabled", "false")
@@ -124,8 +132,17 @@ def start_spark() -> SparkSession:
         .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    sys.stderr.flush()
+    saved = os.dup(2)
+    out = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(out, 2)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(out)
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -168,7 +185,7 @@ def run(spark: SparkSession, svc: ServiceProcess, tmp: Path, total: int) -> None
         client = svc.client()
         schema = pa.schema([("event_id", pa.int64()), ("kind", pa.string())])
         client.create("events", schema)
-        query = (
+        stream = (
             spark.readStream.format("aqueduct")
             .options(**opts)
             .option("startingVersion", "earliest")
@@ -177,8 +194,8 @@ def run(spark: SparkSession, svc: ServiceProcess, tmp: Path, total: int) -> None
             .options(**opts)
             .option("checkpointLocation", str(tmp / "checkpoint"))
             .trigger(processingTime="200 milliseconds")
-            .start("events_copy")
         )
+        copy = Restartable(lambda: stream.start("events_copy"))
         try:
             latencies = []
             for i in range(APPENDS):
@@ -186,13 +203,13 @@ def run(spark: SparkSession, svc: ServiceProcess, tmp: Path, total: int) -> None
                 batch = pa.record_batch([ids, pa.array(["click"] * len(ids))], schema=schema)
                 sent = time.perf_counter()
                 client.append("events", batch)
-                wait_for_rows(client, "events_copy", (i + 1) * ROWS_PER_APPEND, timeout=60)
+                wait_for_rows(client, "events_copy", (i + 1) * ROWS_PER_APPEND, 60, copy)
                 latencies.append(time.perf_counter() - sent)
                 say(
                     f"      append {i + 1}: {ROWS_PER_APPEND:,} rows in the copy after {latencies[-1]:.2f} s"
                 )
         finally:
-            query.stop()
+            copy.query.stop()
         ids = svc.client().read("events_copy", columns=["event_id"]).column("event_id")
         expected = APPENDS * ROWS_PER_APPEND
         unique = len(ids.unique())
@@ -214,7 +231,36 @@ def run(spark: SparkSession, svc: ServiceProcess, tmp: Path, total: int) -> None
         )
 
 
-def wait_for_rows(client: Client, name: str, rows: int, timeout: float) -> None:
+SLOW_WORKER = "Python worker failed to connect back"
+"""Spark's error when a Python worker it started did not connect back within 10 s (fixed in
+Spark 4.3): a busy machine, not a fault of the query; it heals when the query starts again."""
+
+
+class Restartable:
+    """A streaming query that starts again from its checkpoint (exactly once all the same)
+    when Spark gave up on one of its Python workers starting, at most ``restarts`` times."""
+
+    def __init__(self, start: Callable[[], StreamingQuery], restarts: int = 3) -> None:
+        self._start = start
+        self.restarts = restarts
+        self.query = start()
+
+    def check(self) -> None:
+        """Raise if the query failed for good; start it again if it can heal."""
+        if self.query.isActive:
+            return
+        error = self.query.exception()
+        if error is None or SLOW_WORKER not in str(error) or self.restarts == 0:
+            raise RuntimeError(f"the streaming query stopped: {error}")
+        self.restarts -= 1
+        say("      (a Python worker of Spark's was slow to start on this busy machine:")
+        say("       the stream starts again from its checkpoint)")
+        self.query = self._start()
+
+
+def wait_for_rows(
+    client: Client, name: str, rows: int, timeout: float, copy: Restartable | None = None
+) -> None:
     from aqueduct_spark.protocol import DatasetNotFound
 
     deadline = time.monotonic() + timeout
@@ -224,6 +270,8 @@ def wait_for_rows(client: Client, name: str, rows: int, timeout: float) -> None:
                 return
         except DatasetNotFound:
             pass
+        if copy is not None:
+            copy.check()
         time.sleep(0.05)
     raise TimeoutError(f"{name} did not reach {rows} rows within {timeout} s")
 

@@ -32,13 +32,18 @@ def test_demo_runs_end_to_end() -> None:
     assert out.count("long trips") == 4, out  # one line per mode, from the filtered read
     assert "'events_copy' holds 10,000 rows: every event exactly once" in out
     assert "All done in" in out
-    # The narrative only: the service's access log went to the file named at the end.
-    assert "aqueduct.access" not in out + run.stderr, run.stderr[-3000:]
+    # The narrative only: the service's access log and Spark's JVM (log4j, its warnings, its
+    # Python workers) went to the files named at the end; nothing reached stderr.
+    assert "aqueduct.access" not in out, out
+    assert run.stderr == "", run.stderr[-3000:]
     log = Path(out.split("The service's log (a line per request): ", 1)[1].split("\n", 1)[0])
+    spark_log = Path(out.split("Spark's log: ", 1)[1].split("\n", 1)[0])
     try:
         assert "aqueduct.access: request" in log.read_text()
+        assert "log4j" in spark_log.read_text()  # "Using Spark's default log4j profile"
     finally:
         log.unlink()
+        spark_log.unlink()
 
 
 def test_the_demo_service_logs_to_its_file_not_the_terminal(

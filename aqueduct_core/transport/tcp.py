@@ -70,10 +70,10 @@ from aqueduct_core.transport.tls_stream import (
     PlainStream,
     TlsStream,
     client_context,
-    coalesce,
     server_context,
 )
 from aqueduct_core.transport.web_config import HTTP1_ALPN
+from aqueduct_core.wire.frames import coalesce
 
 log = logging.getLogger("aqueduct.transport")
 

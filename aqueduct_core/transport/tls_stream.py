@@ -34,8 +34,6 @@ from aqueduct_core.transport.mux_wire import ALPN
 from aqueduct_core.transport.tls import ClientTLS, ServerTLS, warn_insecure
 from aqueduct_core.transport.web_config import HTTP1_ALPN
 
-SMALL = 4096
-"""Adjacent buffers below this size are joined before TLS (one record, not one each)."""
 ALERT_NO_APPLICATION_PROTOCOL = bytes.fromhex("15 0303 0002 02 78")
 """A TLSPlaintext record (RFC 8446 §5.1): content type alert (21), legacy record version
 0x0303, length 2, then level fatal (2) and description no_application_protocol (120)."""
@@ -178,24 +176,6 @@ class TlsStream:
         # completed there is none to send (SSLError).
         with contextlib.suppress(ssl.SSLError):
             self.obj.unwrap()
-
-
-def coalesce(bufs: list[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Join runs of small buffers (frame headers, control frames) so TLS makes one record of
-    them; large payload views pass untouched."""
-    out: list[bytes | memoryview] = []
-    run: list[bytes | memoryview] = []
-    for b in bufs:
-        if len(b) < SMALL:
-            run.append(b)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else b"".join(run))
-            run = []
-        out.append(b)
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
-    return out
 
 
 class _NoTls:

@@ -91,6 +91,29 @@ OutPayload: TypeAlias = Payload | Gather
 """What a sender may give as a message's payload: bytes, or a :class:`Gather` of parts."""
 
 
+SMALL_PART = 4096
+"""Adjacent buffers below this size are joined by :func:`coalesce`."""
+
+
+def coalesce(bufs: Iterable[Any]) -> list[Any]:
+    """Runs of buffers below :data:`SMALL_PART` bytes (frame headers, control frames, an IPC
+    message's metadata and padding) joined into one, so TLS makes one record of them and a
+    transport one write; larger buffers pass untouched, never copied."""
+    out: list[Any] = []
+    run: list[Any] = []
+    for b in bufs:
+        if len(b) < SMALL_PART:
+            run.append(b)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(b)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
+
+
 def joined(payload: OutPayload) -> Payload:
     """``payload`` as one buffer (a :class:`Gather` joined, anything else as it is)."""
     return bytes(payload) if type(payload) is Gather else payload  # type: ignore[return-value]

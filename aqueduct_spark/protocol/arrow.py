@@ -13,7 +13,7 @@ from typing import Any
 import cbor2
 import pyarrow as pa
 
-from aqueduct_core.wire.frames import Gather
+from aqueduct_core.wire.frames import Gather, coalesce
 
 from .compression import Compression
 from .errors import DatasetError, InvalidRequest, error_to_wire
@@ -46,9 +46,6 @@ def ipc_options(compression: str) -> pa.ipc.IpcWriteOptions:
 
 
 _I32 = struct.Struct("<i")
-SMALL_PART = 4096
-"""Adjacent written pieces below this size (the message's length prefix and metadata,
-padding) are joined into one part; body buffers above it stay the batch's own memory."""
 
 
 class _Parts:
@@ -75,20 +72,8 @@ class _Parts:
 
     def take(self) -> Gather:
         """What was written since the last call, small pieces joined."""
-        out: list[Any] = []
-        run: list[Any] = []
-        for part in self.parts:
-            if len(part) < SMALL_PART:
-                run.append(part)
-                continue
-            if run:
-                out.append(b"".join(run))
-                run = []
-            out.append(part)
-        if run:
-            out.append(b"".join(run))
-        self.parts = []
-        return Gather(out)
+        parts, self.parts = self.parts, []
+        return Gather(coalesce(parts))
 
 
 @functools.lru_cache(maxsize=32)

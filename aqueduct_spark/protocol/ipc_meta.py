@@ -123,12 +123,12 @@ def declared(metadata: Any, body: Any) -> Declared:
     entries = data[start + 4 : start + 4 + count * _BUFFER.size]
     if len(entries) != count * _BUFFER.size:
         raise _Malformed("the buffer list of an IPC message runs past its metadata")
-    view = _Parts(body.parts) if isinstance(body, Gather) else memoryview(body).cast("B")
+    view = _BodyParts(body.parts) if isinstance(body, Gather) else memoryview(body).cast("B")
     decoded = _decoded_size(entries, view)
     return Declared(compressed=True, decoded=decoded, codec=codec)
 
 
-class _Parts:
+class _BodyParts:
     """A body in parts, read 8 bytes at a time where a compressed buffer starts."""
 
     def __init__(self, parts: tuple[memoryview, ...]) -> None:
@@ -148,10 +148,10 @@ class _Parts:
         return int(_I64.unpack(piece)[0])
 
 
-def _decoded_size(entries: bytes, body: memoryview | _Parts) -> int:
+def _decoded_size(entries: bytes, body: memoryview | _BodyParts) -> int:
     total = 0
     size = len(body)
-    read = body.i64 if isinstance(body, _Parts) else lambda at: _I64.unpack_from(body, at)[0]
+    read = body.i64 if isinstance(body, _BodyParts) else lambda at: _I64.unpack_from(body, at)[0]
     for offset, length in _BUFFER.iter_unpack(entries):
         if length == 0:
             continue

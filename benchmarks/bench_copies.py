@@ -5,7 +5,8 @@ the code of before it (``benchmarks/realpath_oldpath.py``) in the same run.
 
 The end-to-end figures come from ``bench_realpath --copies`` (two namespaces, TCP and QUIC,
 CPU s/GB at each end); this script isolates the stages the work changed, in one process,
-so that they can be read under load (CPU time of this process, best of ``--repeat``):
+so that they can be read under load (CPU time of this process, best of ``--repeat``, new
+and old taking turns):
 
 * send: encoding a scan's batch as the message the transport is handed (new: a ``Gather`` of
   the batch's buffers; old: ``serialize()`` or the joined compressed message), none and lz4;
@@ -39,14 +40,17 @@ from benchmarks.taxi import taxi_table
 PIECE = 64 * 1024
 
 
-def cpu_per_gb(fn: Callable[[], None], nbytes: int, repeat: int) -> float:
-    best = float("inf")
+def cpu_per_gb(fns: list[Callable[[], None]], nbytes: int, repeat: int) -> list[float]:
+    """Each of ``fns``' best CPU seconds per GB, run in turn ``repeat`` times (interleaved,
+    so that a change in load hits them alike)."""
+    best = [float("inf")] * len(fns)
     for _ in range(repeat):
-        gc.collect()
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best / (nbytes / 1e9)
+        for i, fn in enumerate(fns):
+            gc.collect()
+            start = time.process_time()
+            fn()
+            best[i] = min(best[i], time.process_time() - start)
+    return [b / (nbytes / 1e9) for b in best]
 
 
 def send(
@@ -106,7 +110,7 @@ def handoff(batches: list[pa.RecordBatch], iterate: Callable[..., Any]) -> Calla
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     batches = taxi_table(args.rows).combine_chunks().to_batches(max_chunksize=65536)
     nbytes = sum(b.nbytes for b in batches)
@@ -128,7 +132,7 @@ def main() -> None:
         ("hand-off to the caller", handoff(batches, Portal.iterate), handoff(batches, old_iterate))
     )
     for name, new, old in rows:
-        a, b = cpu_per_gb(new, nbytes, args.repeat), cpu_per_gb(old, nbytes, args.repeat)
+        a, b = cpu_per_gb([new, old], nbytes, args.repeat)
         print(f"{name:24} {a:7.3f} {b:7.3f} {b - a:7.3f}", flush=True)
 
 

@@ -1,24 +1,66 @@
 """:class:`AsyncClient`, the asyncio client: the requests about datasets, and the read,
-write and push sides it inherits (``reads``, ``writes``, ``subscriptions``)."""
+write and push sides it inherits (``reads``, ``writes``, ``subscriptions``). With several
+endpoints in its URL, scans and writes are spread over them (:mod:`.spread`)."""
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import frames
-from aqueduct_spark.client.models import DatasetInfo
+from aqueduct_spark.client.config import ClientConfig
+from aqueduct_spark.client.models import DatasetInfo, Transaction
 from aqueduct_spark.client.reads import Reads
+from aqueduct_spark.client.spread import Spreader
 from aqueduct_spark.client.subscriptions import Subscriptions
 from aqueduct_spark.client.writes import Writes
 
 
 class AsyncClient(Reads, Writes, Subscriptions):
-    """An asyncio client for one dataset service (one connection, reopened as needed)."""
+    """An asyncio client for one dataset service (one connection, reopened as needed; with
+    several endpoints, scans and writes spread over them)."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        super().__init__(config)
+        self._spreader = Spreader(self, self._endpoints) if len(self._endpoints) > 1 else None
+
+    def scan(
+        self,
+        split: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        schema: pa.Schema,
+        endpoint: int | None = None,
+        **kw: Any,
+    ) -> AsyncIterator[pa.RecordBatch]:
+        """:meth:`Reads.scan`; with several endpoints, on the one that can take it soonest
+        (``endpoint``: the index preferred when they are even, as a planner assigned it)."""
+        if self._spreader is None:
+            return super().scan(split, schema=schema, **kw)
+        return self._spreader.scan(split, schema=schema, prefer=endpoint, **kw)
+
+    async def write_task(
+        self,
+        txn: Transaction,
+        batches: Iterable[pa.RecordBatch] | AsyncIterator[pa.RecordBatch],
+        *,
+        task: str | None = None,
+        endpoint: int | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`Writes.write_task`; with several endpoints, on the one that can take it
+        soonest (``endpoint``: the index preferred when they are even)."""
+        if self._spreader is None:
+            return await super().write_task(txn, batches, task=task)
+        size = sum(b.nbytes for b in batches) if isinstance(batches, list) else None
+        return await self._spreader.write_task(txn, batches, task=task, prefer=endpoint, size=size)
+
+    async def close(self) -> None:
+        if self._spreader is not None:
+            await self._spreader.close()
+        await super().close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -63,7 +63,8 @@ OPTIONS: tuple[Option, ...] = (
         "url",
         "(required)",
         "all",
-        "Service address `quic://host:port`; several separated by commas are tried in order.",
+        "Service address `quic://host:port`; several separated by commas: requests go to the first "
+        "that answers, reads and writes are spread over them.",
     ),
     Option(
         "path",

@@ -37,6 +37,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
+from aqueduct_spark.client.spread import assign, split_bytes
+from aqueduct_spark.client.urls import parse_endpoints
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import check_user_schema, spark_to_arrow
 from aqueduct_spark.datasource.task_errors import surfaced
@@ -53,6 +55,7 @@ class SplitPartition(InputPartition):
         schema: bytes,
         columns: tuple[str, ...],
         filters: tuple[Any, ...] | None,
+        endpoint: int | None = None,
     ) -> None:
         super().__init__([s.get("path") for s in splits])
         self.opts = opts
@@ -61,6 +64,9 @@ class SplitPartition(InputPartition):
         """Arrow schema (IPC) the batches must have for Spark."""
         self.columns = columns
         self.filters = filters
+        self.endpoint = endpoint
+        """The endpoint of the URL the driver assigned (spreading the tasks' bytes over
+        them); the executor takes another if that one is busier or failing."""
 
 
 class AqueductReader(DataSourceReader):
@@ -88,9 +94,11 @@ class AqueductReader(DataSourceReader):
         check_user_schema(target, plan.schema, opts.dataset)
         schema = P.schema_to_bytes(target)
         filters = tuple(self.filters) if self.filters else None
+        tasks = plan.task_splits()
+        homes = assign([split_bytes(t) or 0 for t in tasks], len(parse_endpoints(opts.url)))
         return [
-            SplitPartition(opts, splits, schema, tuple(target.names), filters)
-            for splits in plan.task_splits()
+            SplitPartition(opts, splits, schema, tuple(target.names), filters, home)
+            for splits, home in zip(tasks, homes, strict=True)
         ]
 
     @surfaced
@@ -106,6 +114,7 @@ class AqueductReader(DataSourceReader):
             columns=list(partition.columns),
             filter=list(partition.filters) if partition.filters else None,
             batch_rows=partition.opts.batch_rows,
+            endpoint=getattr(partition, "endpoint", None),
         )
 
 

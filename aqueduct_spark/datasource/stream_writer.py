@@ -97,14 +97,16 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
         query_id = batch_id = None
         attempt = 0
         task = uuid.uuid4().hex[:8]
+        home = None  # the endpoint this task prefers when they are even: by partition
         if ctx is not None:
+            home = ctx.partitionId()
             query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or None
             raw = ctx.getLocalProperty(BATCH_ID_PROPERTY)
             batch_id = int(raw) if raw else None
             attempt = ctx.attemptNumber()
             task = f"b{batch_id}-p{ctx.partitionId()}-a{attempt}-{task}"
         try:
-            staged = self.opts.client().write_task(self.txn, iterator, task=task)
+            staged = self.opts.client().write_task(self.txn, iterator, task=task, endpoint=home)
         except Exception as exc:
             if not deferred(exc):
                 raise  # may heal: Spark tries the task again

@@ -59,7 +59,10 @@ class AqueductWriter(DataSourceArrowWriter):
         attempt = ctx.attemptNumber() if ctx else 0
         task = f"p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
         try:
-            staged = self.opts.client().write_task(self.txn, iterator, task=task)
+            # the partition's index: which endpoint this task prefers when they are even
+            staged = self.opts.client().write_task(
+                self.txn, iterator, task=task, endpoint=partition
+            )
         except Exception as exc:
             if not deferred(exc):
                 raise  # may heal: Spark tries the task again

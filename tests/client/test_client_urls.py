@@ -1,14 +1,28 @@
 """Service addresses: what the client accepts, what it refuses (at once, saying what
-works), and that each accepted form reaches a real service."""
+works), that each accepted form reaches a real service, and that the work of a client
+given several endpoints is spread over them (the choice itself: test_spread.py)."""
 
 from __future__ import annotations
+
+import asyncio
+import random
 
 import pyarrow as pa
 import pytest
 
 from aqueduct_core.transport import ClientTLS
-from aqueduct_spark.client import DEFAULT_PORT, Client, Endpoint, parse_endpoints, parse_url
-from aqueduct_spark.testing import ServiceProcess, start_service
+from aqueduct_spark.client import (
+    DEFAULT_PORT,
+    AsyncClient,
+    Client,
+    ClientConfig,
+    Endpoint,
+    parse_endpoints,
+    parse_url,
+)
+from aqueduct_spark.client.session import BULK
+from aqueduct_spark.client.spread import spread_for
+from aqueduct_spark.testing import ServiceProcess, closed_port, start_service
 
 
 @pytest.mark.parametrize(
@@ -113,3 +127,82 @@ def test_an_ipv6_literal_reaches_a_service_on_ipv6(
             assert client.read("v6").num_rows >= 1, url
     finally:
         svc.stop()
+
+
+@pytest.mark.quic
+def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
+    service: ServiceProcess, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reads and writes spread over the two live endpoints; the closed port is avoided
+    after its first refusal; a scan cut off mid-way resumes on the other endpoint. And a
+    host that stops answering (SIGSTOP: not even pings answered; QUIC ignores ICMP after the
+    handshake, so a dead host is known by its silence) is left after STALL seconds: both
+    endpoints fall silent here, are left in turn, and the scan is done once it is back."""
+    import os
+    import signal
+
+    from aqueduct_spark.client import spread as spread_module
+
+    port = service.url.rsplit(":", 1)[1]
+    url = f"quic://127.0.0.1:{closed_port()},{service.url},tcp://127.0.0.1:{port}"
+    config = ClientConfig(
+        url, tls=ClientTLS(fingerprint=service.fingerprint), token=service.token, retries=1
+    )
+    ids = pa.array(range(8_000), pa.int64())
+    table = pa.table({"id": ids, "s": pa.array([f"row-{i}" for i in range(8_000)])})
+
+    async def run() -> None:
+        async with AsyncClient(config) as client:
+            spread = spread_for(client._endpoints)
+            name = f"spread_{random.randrange(1 << 30)}"
+            txn = await client.begin(name, table.schema)
+            staged = await asyncio.gather(
+                *(
+                    client.write_task(txn, table.slice(i * 2_000, 2_000).to_batches(), endpoint=i)
+                    for i in range(4)
+                )
+            )
+            await client.commit(txn, staged)
+            assert spread.avoided()[0] and spread.done()[1] >= 1 and spread.done()[2] >= 1
+
+            plan = await client.plan(name, min_tasks=4)
+            tasks = plan.task_splits()
+            assert len(tasks) == 4
+
+            async def scan(task: list[dict[str, object]], home: int, cut: bool) -> list[int]:
+                got: list[int] = []
+                async for batch in client.scan(
+                    task, schema=plan.schema, batch_rows=200, endpoint=home
+                ):
+                    got += batch.column("id").to_pylist()
+                    if cut and len(got) == 200:  # lose the connection mid-scan
+                        spreader = client._spreader
+                        assert spreader is not None
+                        held = spreader._clients[home]._held(BULK)
+                        assert held is not None
+                        await held.close()
+                return got
+
+            before = spread.done()
+            read = await asyncio.gather(*(scan(t, 1 + i % 2, i == 0) for i, t in enumerate(tasks)))
+            after = spread.done()
+            rows = sorted(r for part in read for r in part)
+            assert rows == list(range(8_000))  # every row exactly once
+            assert after[1] - before[1] >= 2 and after[2] - before[2] >= 2
+
+            # Stopped before the scan, so that nothing of it can be buffered already.
+            monkeypatch.setattr(spread_module, "STALL", 0.25)
+            os.kill(service.proc.pid, signal.SIGSTOP)
+            asyncio.get_running_loop().call_later(0.6, os.kill, service.proc.pid, signal.SIGCONT)
+            got = [
+                i
+                async for b in client.scan(tasks[0], schema=plan.schema, endpoint=1)
+                for i in b.column("id").to_pylist()
+            ]
+            assert got == read[0]
+            assert "no answer for 0.25 s" in caplog.text
+
+    try:
+        asyncio.run(run())
+    finally:
+        os.kill(service.proc.pid, signal.SIGCONT)

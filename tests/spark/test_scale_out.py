@@ -123,3 +123,64 @@ def test_three_services_one_root_spark_and_a_kill_long(
     spark: Any, seaweed: SeaweedS3, three: list[ServiceProcess], tmp_path: Path
 ) -> None:
     run(spark, seaweed, three, tmp_path, size=2000)
+
+
+@pytest.mark.slow
+def test_scans_and_writes_spread_over_the_list_and_survive_a_sigkill(
+    three: list[ServiceProcess],
+) -> None:
+    """The Python client given the three endpoints: six concurrent write tasks land on all
+    three (least outstanding bytes), and six concurrent scans, one host SIGKILLed while a
+    scan is mid-way on it, deliver every row exactly once (the cut scan resumes on another
+    host from its first row not delivered)."""
+    import asyncio
+
+    import pyarrow as pa
+
+    from aqueduct_core.transport import ClientTLS
+    from aqueduct_spark.client import AsyncClient, ClientConfig
+
+    config = ClientConfig(
+        endpoints(three, 0)["url"], tls=ClientTLS(fingerprint=three[0].fingerprint), retries=3
+    )
+    n = 120_000
+    table = pa.table(
+        {"id": pa.array(range(n), pa.int64()), "s": pa.array([f"row-{i}" for i in range(n)])}
+    )
+
+    async def run() -> None:
+        async with AsyncClient(config) as client:
+            spreader = client._spreader
+            assert spreader is not None
+            name = f"spread_{uuid.uuid4().hex[:6]}"
+            txn = await client.begin(name, table.schema)
+            part = n // 6
+            staged = await asyncio.gather(
+                *(
+                    client.write_task(txn, table.slice(i * part, part).to_batches(5000))
+                    for i in range(6)
+                )
+            )
+            await client.commit(txn, staged)
+            assert all(done >= 1 for done in spreader.spread.done()), spreader.spread.done()
+
+            plan = await client.plan(name, min_tasks=6)
+            victim = three[1]
+
+            async def scan(task: list[dict[str, Any]], home: int) -> list[int]:
+                got: list[int] = []
+                batches = client.scan(task, schema=plan.schema, batch_rows=500, endpoint=home)
+                async for batch in batches:
+                    got += batch.column("id").to_pylist()
+                    if home == 1 and victim.proc.poll() is None:
+                        victim.kill()  # mid-scan, on the host this scan reads from
+                    await asyncio.sleep(0.01)  # slow enough that every scan is under way
+                return got
+
+            tasks = plan.task_splits()
+            read = await asyncio.gather(*(scan(t, i % 3) for i, t in enumerate(tasks)))
+            assert victim.proc.poll() is not None
+            rows = sorted(r for part in read for r in part)
+            assert rows == list(range(n)), f"{len(rows)} rows for {n}"
+
+    asyncio.run(run())

@@ -1,0 +1,103 @@
+"""Spreading scans and writes over the endpoints of a URL (issue 30): the choice itself
+(least outstanding bytes, the planner's preference on ties, a failed endpoint avoided for a
+while and tried again), and a real service reached under two endpoints plus a closed port:
+the work goes to both live endpoints, the dead one is avoided, a scan whose connection is
+lost mid-way resumes on the other endpoint with every row exactly once
+(``tests/client/test_client_urls.py``, beside its running service). Three service processes
+with one SIGKILLed mid-read: ``tests/spark/test_scale_out.py`` (slow); link-shaped hosts:
+``benchmarks/bench_scale.py``."""
+
+from __future__ import annotations
+
+import random
+
+from aqueduct_spark.client import Endpoint
+from aqueduct_spark.client.spread import AVOID, Spread, assign, split_bytes, spread_for
+
+THREE = [Endpoint("a", 1), Endpoint("b", 1), Endpoint("c", 1)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_least_outstanding_bytes_not_order() -> None:
+    spread = Spread(THREE, rng=random.Random(1))
+    big = spread.lease(0, 100)
+    spread.lease(1, 10)
+    assert spread.pick(5) == 2  # the idle one
+    spread.lease(2, 50)
+    assert spread.pick(5) == 1  # 10 + 5 under way beats 50 + 5 and 100 + 5
+    big.end()
+    assert spread.pick(5) == 0  # the first has finished its big piece: it is free now
+    assert spread.outstanding() == [0, 10, 50] and spread.done() == [1, 0, 0]
+
+
+def test_ties_go_to_the_preferred_endpoint_then_the_next() -> None:
+    spread = Spread(THREE)
+    assert [spread.pick(1, prefer=p) for p in range(5)] == [0, 1, 2, 0, 1]
+    spread.lease(1, 1)
+    assert spread.pick(1, prefer=1) == 2  # busier than its neighbours: the next after it
+
+
+def test_without_a_preference_idle_processes_do_not_all_pick_the_first() -> None:
+    picks = {Spread(THREE).pick(1) for _ in range(60)}
+    assert picks == {0, 1, 2}
+
+
+def test_a_failed_endpoint_is_avoided_for_a_while_then_tried_again() -> None:
+    clock = Clock()
+    spread = Spread(THREE, clock=clock)
+    spread.failed(0)
+    assert [spread.pick(1, prefer=0) for _ in range(3)] == [1, 1, 1]
+    assert spread.avoided() == [True, False, False]
+    clock.now += AVOID + 0.01
+    assert spread.pick(1, prefer=0) == 0  # its pause is over: tried again
+    spread.failed(0)  # failed again: the pause doubles
+    clock.now += AVOID + 0.01
+    assert spread.pick(1, prefer=0) == 1
+    clock.now += AVOID
+    assert spread.pick(1, prefer=0) == 0
+    spread.succeeded(0)
+    spread.failed(0)  # a success in between: back to the first pause
+    clock.now += AVOID + 0.01
+    assert spread.pick(1, prefer=0) == 0
+
+
+def test_when_all_are_avoided_the_one_back_soonest_is_tried() -> None:
+    clock = Clock()
+    spread = Spread(THREE, clock=clock)
+    for i in (2, 0, 1):
+        spread.failed(i)
+        clock.now += 0.1
+    assert spread.pick(1) == 2
+    assert spread.pick(1, exclude=[2]) == 0
+    assert spread.pick(1, exclude=[0, 1, 2]) is None
+
+
+def test_unknown_sizes_count_as_the_mean_of_finished_ones() -> None:
+    spread = Spread(THREE, rng=random.Random(0))
+    lease = spread.lease(0)
+    lease.moved = 3000
+    lease.end()
+    assert spread.guess(None) == 3000
+    spread.lease(1)
+    assert spread.outstanding() == [0, 3000, 0]
+
+
+def test_the_planner_spreads_tasks_by_bytes() -> None:
+    assert assign([10] * 6, 3) == [0, 1, 2, 0, 1, 2]
+    assert assign([90, 10, 10, 10, 60], 2) == [0, 1, 1, 1, 1]
+    assert assign([5, 5], 1) == [0, 0]
+    assert split_bytes({"bytes": 7}) == 7
+    assert split_bytes([{"bytes": 7}, {"bytes": 3}]) == 10
+    assert split_bytes([{"bytes": 7}, {}]) is None
+
+
+def test_one_spread_per_url_per_process() -> None:
+    assert spread_for(THREE) is spread_for(list(THREE))
+    assert spread_for(THREE[:2]) is not spread_for(THREE)

@@ -265,10 +265,12 @@ def _free_tcp_ports(n: int) -> list[int]:
             s.close()
 
 
-def start_seaweed(data_dir: Path, bucket: str = "aqueduct-test", timeout: float = 60) -> SeaweedS3:
-    """Start SeaweedFS with an S3 gateway on free loopback ports, data in ``data_dir``, one
-    identity with the returned keys and ``bucket`` created; waits until the bucket is
-    writable. ``SeaweedS3.stop()`` kills it."""
+def start_seaweed(
+    data_dir: Path, bucket: str = "aqueduct-test", timeout: float = 60, host: str = "127.0.0.1"
+) -> SeaweedS3:
+    """Start SeaweedFS with an S3 gateway on free ports of ``host`` (loopback), data in
+    ``data_dir``, one identity with the returned keys and ``bucket`` created; waits until the
+    bucket is writable. ``SeaweedS3.stop()`` kills it."""
     import pyarrow.fs as pafs
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -295,7 +297,7 @@ def start_seaweed(data_dir: Path, bucket: str = "aqueduct-test", timeout: float 
     flags = ["master.port", "volume.port", "filer.port", "s3.port", "metricsPort"]
     flags += [f"{f}.grpc" for f in flags[:4]]
     ports = dict(zip(flags, _free_tcp_ports(len(flags)), strict=True))
-    cmd = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    cmd = [weed_binary(), "server", f"-ip={host}", f"-ip.bind={host}"]
     cmd += [f"-dir={data_dir}", "-filer", "-s3", f"-s3.config={config}", "-volume.max=0"]
     cmd += ["-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=0"]
     # off: the fixed ports of these would collide between stores started at once
@@ -305,7 +307,7 @@ def start_seaweed(data_dir: Path, bucket: str = "aqueduct-test", timeout: float 
     log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 (the process holds it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=data_dir)
     log.close()
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    endpoint = f"http://{host}:{ports['s3.port']}"
     store = SeaweedS3(proc, data_dir, endpoint, bucket, access_key, secret_key)
     fs = pafs.S3FileSystem(
         access_key=ADMIN_KEY,

@@ -24,7 +24,7 @@ from benchmarks.common import machine, spawn, spawn_service, stop, write_json
 ROOT_DIR = Path(__file__).resolve().parents[1]
 
 
-def spark_session() -> Any:
+def spark_session(master: str = "local[2]") -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # Executors import the baseline sources from the benchmarks package.
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -36,7 +36,7 @@ def spark_session() -> Any:
     from benchmarks.spark_sources import DeltaFloor, FlightBench
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName("aqueduct-bench")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # keep the logs readable

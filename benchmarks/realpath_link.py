@@ -47,17 +47,7 @@ class Link:
         """Shape both ends of the pair to ``rate`` (``1gbit``, ``10gbit``, ``100mbit``: tc's
         units) with a token bucket, as a NIC of that speed would send; None: unshaped."""
         for ns, dev in ((self.server_ns, self.server_if), (self.client_ns, self.client_if)):
-            subprocess.run(
-                ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                capture_output=True,
-            )
-            if rate is not None:
-                cmd = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate]
-                # the bucket must hold at least one timer tick's worth of the rate (the kernel
-                # refills it per tick: 4 ms at HZ 250), else tbf cannot reach the rate
-                burst = max(1 << 20, rate_bits(rate) // 8 // 100)
-                cmd += ["burst", str(burst), "latency", "50ms"]
-                subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True)
+            shape(ns, dev, rate)
         self.rate = rate
 
     def set_loss(self, loss: float) -> None:
@@ -82,6 +72,21 @@ class Link:
                     check=True,
                 )
         self.loss = loss
+
+
+def shape(ns: str, dev: str, rate: str | None) -> None:
+    """Shape what ``dev`` (in namespace ``ns``) sends to ``rate`` with a token bucket, as a
+    NIC of that speed would send; None: unshaped."""
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True
+    )
+    if rate is not None:
+        cmd = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate]
+        # the bucket must hold at least one timer tick's worth of the rate (the kernel
+        # refills it per tick: 4 ms at HZ 250), else tbf cannot reach the rate
+        burst = max(1 << 20, rate_bits(rate) // 8 // 100)
+        cmd += ["burst", str(burst), "latency", "50ms"]
+        subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True)
 
 
 def rate_bits(rate: str) -> int:
@@ -136,6 +141,80 @@ def veth_link(mtu: int = 1500, prefix: str = "aq") -> Iterator[Link]:
         yield link
     finally:
         for ns in made:  # deleting a namespace deletes its end of the veth, and so the pair
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@dataclass
+class Host:
+    """One "host" on a :func:`bridged_hosts` switch: namespace ``ns``, its interface ``dev``
+    with address ``ip``, and ``port``, the switch's side of its cable."""
+
+    name: str
+    ns: str
+    dev: str
+    port: str
+    ip: str
+    hub: str
+
+    def shape(self, rate: str | None) -> None:
+        """Make this host's cable a ``rate`` link, both ways (what it sends, what the
+        switch sends it)."""
+        shape(self.ns, self.dev, rate)
+        shape(self.hub, self.port, rate)
+
+    def counter(self, name: str) -> int:
+        """``rx_bytes`` or ``tx_bytes`` of this host's interface so far."""
+        path = f"/sys/class/net/{self.dev}/statistics/{name}"
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.ns, "cat", path], capture_output=True, text=True
+        )
+        return int(out.stdout)
+
+
+@contextmanager
+def bridged_hosts(names: list[str], mtu: int = 1500, prefix: str = "aqs") -> Iterator[list[Host]]:
+    """A namespace per name, each joined by a veth pair (its "cable") to a bridge (the
+    "switch") in a namespace of its own, on one /24 of 198.18.0.0/15; deleted on exit."""
+    token = secrets.token_hex(3)
+    subnet = 1 + int(token, 16) % 250
+    hub = f"{prefix}-{token}-hub"
+    bridge = f"{prefix}{token}br"
+    made: list[str] = []
+    try:
+        for ns in (hub, *(f"{prefix}-{token}-{name}" for name in names)):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            made.append(ns)
+            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "-n", hub, "link", "add", bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "-n", hub, "link", "set", bridge, "up"], check=True)
+        hosts = []
+        for k, name in enumerate(names):
+            host = Host(
+                name,
+                f"{prefix}-{token}-{name}",
+                f"{prefix}{token}h{k}",
+                f"{prefix}{token}p{k}",
+                f"198.18.{subnet}.{k + 1}",
+                hub,
+            )
+            subprocess.run(
+                ["ip", "link", "add", host.dev, "type", "veth", "peer", "name", host.port],
+                check=True,
+            )
+            subprocess.run(["ip", "link", "set", host.dev, "netns", host.ns], check=True)
+            subprocess.run(["ip", "link", "set", host.port, "netns", hub], check=True)
+            ip_ns = ["ip", "-n", host.ns]
+            subprocess.run([*ip_ns, "addr", "add", f"{host.ip}/24", "dev", host.dev], check=True)
+            subprocess.run([*ip_ns, "link", "set", host.dev, "mtu", str(mtu), "up"], check=True)
+            subprocess.run(
+                ["ip", "-n", hub, "link", "set", host.port, "mtu", str(mtu), "master", bridge],
+                check=True,
+            )
+            subprocess.run(["ip", "-n", hub, "link", "set", host.port, "up"], check=True)
+            hosts.append(host)
+        yield hosts
+    finally:
+        for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 

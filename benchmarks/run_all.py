@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import bench_browser, bench_burst, bench_versions, report_hand, report_runs
+from benchmarks import (
+    bench_browser,
+    bench_burst,
+    bench_scale,
+    bench_versions,
+    report_hand,
+    report_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"
@@ -37,6 +44,7 @@ SCRIPTS = {
     "versions": "benchmarks.bench_versions",
     "burst": "benchmarks.bench_burst",
     "browser": "benchmarks.bench_browser",
+    "scale": "benchmarks.bench_scale",
 }
 
 
@@ -610,6 +618,8 @@ def target_rows(
         rows += bench_burst.summary_rows(collected["burst"] or {})
     if collected.get("browser"):
         rows += bench_browser.summary_rows(collected["browser"] or {})
+    if collected.get("scale"):
+        rows += bench_scale.summary_rows(collected["scale"] or {})
     return rows
 
 
@@ -701,6 +711,7 @@ SECTIONS = {
     "versions": bench_versions.section,
     "burst": bench_burst.section,
     "browser": bench_browser.section,
+    "scale": bench_scale.section,
 }
 
 

@@ -1,0 +1,386 @@
+"""Scale-out, measured (issue 30): does adding service hosts add throughput, and does losing
+one cost a retry, not the job?
+
+Five network namespaces on one bridge (``realpath_link.bridged_hosts``), MTU 1500::
+
+    store (SeaweedFS) ---+
+    svc1 ==[rate]========+
+    svc2 ==[rate]========+== bridge ==+== spark (local[slots]: driver, executors, writers)
+    svc3 ==[rate]========+
+
+Each service host's cable is shaped to ``--rate`` both ways (``tc tbf``, as a NIC of that
+speed sends), low enough that the machine's cores are not the limit (every phase reports the
+CPU seconds of each namespace and the machine's busy share); the store's and the Spark host's
+cables are not shaped. Three ``aqueduct serve`` processes serve one ``s3://`` root on the
+store. The Spark host (:mod:`benchmarks.scale_client`) measures:
+
+- a Spark batch read of one dataset through an endpoint list of 1, 2 and 3 hosts: rows per
+  second, and each host's share of the bytes (what its cable sent);
+- appends by ``--writers`` threads of the Python client through 1, 2 and 3 hosts (group
+  commit on, the service's default): commits and rows per second;
+- the read through 3 hosts with one host SIGKILLed once it sent ``--kill-at`` of its bytes of
+  the undisturbed read: seconds against the undisturbed read, and every row exactly once (count, sum of ids, sum of
+  squares);
+- a stream (a backlog in ten micro-batches) from one dataset to another through 3 hosts,
+  undisturbed and with a host SIGKILLed part-way: seconds, and the sink's ids exactly once.
+
+    sudo .venv/bin/python -m benchmarks.bench_scale [--rows N] [--rate 100mbit] [--repeat K]
+        [--writers W] [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.realpath_link import ROOT, bridged_hosts, rate_bits, require_root, spawn_in, stop
+from benchmarks.scale_client import READY
+
+STORE_READY = "STORE_READY "
+
+
+def store_host(data_dir: str, ip: str) -> None:
+    """Runs in the store's namespace: SeaweedFS on ``ip`` until SIGTERM."""
+    from aqueduct_spark.testing import start_seaweed
+
+    store = start_seaweed(Path(data_dir), bucket="scale", host=ip)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        info = {
+            "endpoint": store.endpoint,
+            "bucket": store.bucket,
+            "options": store.storage_options,
+            "pid": store.proc.pid,
+        }
+        print(STORE_READY + json.dumps(info), flush=True)
+        sys.stdin.read()
+    finally:
+        store.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=8_000_000, help="rows of the read dataset")
+    ap.add_argument("--rate", default="100mbit", help="each service host's link (tc units)")
+    ap.add_argument("--repeat", type=int, default=3, help="reads per endpoint count (median)")
+    ap.add_argument("--writers", type=int, default=6)
+    ap.add_argument("--append-rows", type=int, default=100_000, help="rows per append")
+    ap.add_argument("--seconds", type=float, default=20.0, help="of appends per host count")
+    ap.add_argument("--stream-rows", type=int, default=1_000_000)
+    ap.add_argument("--tasks", type=int, default=12, help="Spark tasks of the read")
+    ap.add_argument("--slots", type=int, default=6, help="Spark's local[N]: tasks at once")
+    ap.add_argument("--kill", type=int, default=1, help="which host to kill (0, 1, 2)")
+    ap.add_argument(
+        "--kill-at",
+        type=float,
+        default=0.5,
+        help="how much of the work is done when the host is killed (a read: the share of its "
+        "bytes the host sent; a stream: the sink's rows)",
+    )
+    ap.add_argument("--transport", choices=["auto", "quic", "tcp"], default=None)
+    ap.add_argument(
+        "--compression",
+        default="none",
+        help="the client's compression (none by default: the links, not the CPU, are to be "
+        "the limit; auto compresses where the network is)",
+    )
+    ap.add_argument("--quick", action="store_true", help="a smoke run: small, once")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--store", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.store:
+        store_host(*args.store)
+        return 0
+    if args.quick:
+        args.rows, args.repeat, args.seconds = 300_000, 1, 4.0
+        args.append_rows, args.stream_rows = 20_000, 40_000
+    reason = require_root("bench_scale")
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    rate_bits(args.rate)  # a bad rate fails here, before any namespace
+    from aqueduct_core.transport import make_dev_certificates
+    from benchmarks.common import machine, write_json
+
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "rate": args.rate,
+        "command": "sudo .venv/bin/python -m benchmarks.bench_scale " + " ".join(sys.argv[1:]),
+        "load_before": [round(x, 1) for x in os.getloadavg()],
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "rows",
+                "repeat",
+                "writers",
+                "append_rows",
+                "seconds",
+                "stream_rows",
+                "tasks",
+                "slots",
+                "kill",
+                "kill_at",
+                "transport",
+                "compression",
+            )
+        },
+    }
+    started = time.monotonic()
+    names = ["store", "svc1", "svc2", "svc3", "spark"]
+    procs: list[Any] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="aqueduct-scale-") as tmp,
+        bridged_hosts(names) as hosts,
+    ):
+        store, svcs, spark = hosts[0], hosts[1:4], hosts[4]
+        try:
+            for host in svcs:
+                host.shape(args.rate)
+            weed = ["-m", "benchmarks.bench_scale", "--store", f"{tmp}/weed", store.ip]
+            store_proc, line = spawn_in(store.ns, weed, STORE_READY)
+            procs.append(store_proc)
+            info = json.loads(line)
+            tls = make_dev_certificates(Path(tmp) / "tls", ("localhost", *(h.ip for h in svcs)))
+            root = f"s3://{info['bucket']}/scale"
+
+            def serve_cmd(ip: str) -> list[str]:
+                cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", root, "--host", ip]
+                cmd += ["--port", "4433", "--allow-anonymous", "--log-level", "warning"]
+                cmd += ["--cert", str(tls.cert_file), "--key", str(tls.key_file)]
+                for k, v in info["options"].items():
+                    cmd += ["--storage-option", f"{k}={v}"]
+                return cmd
+
+            with ThreadPoolExecutor(3) as pool:
+                started_svcs = list(
+                    pool.map(lambda h: spawn_in(h.ns, serve_cmd(h.ip), "AQUEDUCT_READY "), svcs)
+                )
+            services = []
+            for host, (proc, banner) in zip(svcs, started_svcs, strict=True):
+                procs.append(proc)
+                services.append(
+                    {
+                        "name": host.name,
+                        "ns": host.ns,
+                        "dev": host.dev,
+                        "url": json.loads(banner)["url"],
+                        "pid": proc.pid,
+                        "cmd": serve_cmd(host.ip),
+                    }
+                )
+            fingerprint = json.loads(started_svcs[0][1])["fingerprint"]
+            spec = {
+                **out["settings"],
+                "services": services,
+                "store_pid": info["pid"],
+                "fingerprint": fingerprint,
+                "options": {
+                    "compression": args.compression,
+                    **({"transport": args.transport} if args.transport else {}),
+                },
+                "tmp": tmp,
+            }
+            print(f"== bench_scale: links {args.rate}, load {os.getloadavg()[0]:.1f}", flush=True)
+            run = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    spark.ns,
+                    sys.executable,
+                    "-m",
+                    "benchmarks.scale_client",
+                    json.dumps(spec),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "AQUEDUCT_TOKEN": ""},
+            )
+            line = next(x for x in run.stdout.splitlines() if x.startswith(READY))
+            out.update(json.loads(line[len(READY) :]))
+        finally:
+            for proc in reversed(procs):
+                stop(proc)
+    out["load_after"] = [round(x, 1) for x in os.getloadavg()]
+    out["wall_seconds"] = round(time.monotonic() - started, 1)
+    report(out)
+    write_json(args.json, out)
+    return 0
+
+
+def report(out: dict[str, Any]) -> None:
+    rate = rate_bits(out["rate"]) / 8e6
+    print(
+        f"\nbench_scale: 3 service hosts, each link {out['rate']} ({rate:.1f} MB/s), "
+        f"load {out['load_before']} -> {out['load_after']}, {out['wall_seconds']} s in all"
+    )
+    ds = out["dataset"]
+    print(f"read: {ds['rows']:,} rows ({ds['parquet_bytes'] / 1e6:.0f} MB Parquet)")
+    one = out["reads"][0]
+    for r in out["reads"]:
+        shares = _shares(r, "tx")
+        print(
+            f"  {r['endpoints']} host(s): {r['seconds']:6.2f} s {r['rows_per_s']:>12,.0f} rows/s "
+            f"{r['rows_per_s'] / one['rows_per_s']:5.2f}x  shares {shares}  {_cpu(r)}"
+        )
+    first = out["appends"][0]
+    print(
+        f"appends: {out['settings']['writers']} writers, {out['settings']['append_rows']:,} "
+        "rows each, group commit on"
+    )
+    for a in out["appends"]:
+        print(
+            f"  {a['endpoints']} host(s): {a['commits_per_s']:6.2f} commits/s "
+            f"{a['rows_per_s']:>10,.0f} rows/s {a['rows_per_s'] / first['rows_per_s']:5.2f}x  "
+            f"shares {_shares(a, 'rx')}  {_cpu(a)}"
+        )
+    k = out["kill_read"]
+    print(
+        f"read, a host SIGKILLed: {k['seconds']:.2f} s = {k['vs_undisturbed']:.2f}x undisturbed; "
+        f"every row exactly once: {k['exactly_once']}; killed mid-way: {k['killed_mid_way']}"
+    )
+    s = out["stream"]
+    if "error" in s:
+        print(f"stream: failed ({s['error'][:300]})")
+        return
+    print(
+        f"stream, a host SIGKILLed: {s['kill']['seconds']:.2f} s against "
+        f"{s['undisturbed']['seconds']:.2f} s ({s['vs_undisturbed']:.2f}x); exactly once: "
+        f"{s['undisturbed']['exactly_once']} / {s['kill']['exactly_once']}; queries restarted "
+        f"(Spark's Python worker start-up timeout): {s['undisturbed'].get('restarts', 0)} / "
+        f"{s['kill'].get('restarts', 0)}; killed mid-way: {s['kill'].get('killed_mid_way')}"
+    )
+
+
+def _ratios(data: dict[str, Any]) -> tuple[float, float]:
+    """Rows per second through 3 hosts / through 1: reads, appends."""
+    reads, appends = data["reads"], data["appends"]
+    return (
+        reads[-1]["rows_per_s"] / reads[0]["rows_per_s"],
+        appends[-1]["rows_per_s"] / appends[0]["rows_per_s"],
+    )
+
+
+def summary_rows(data: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Rows of the report's summary: (issue, comparison, this run, target, verdict)."""
+    read, append = _ratios(data)
+    kill, stream = data["kill_read"], data["stream"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**behind**"
+
+    if "error" in stream:
+        stream = {"vs_undisturbed": float("nan"), "kill": {"exactly_once": False}}
+    return [
+        (
+            "30",
+            "Spark read rows/s, 3 service hosts / 1 (shaped links)",
+            f"{read:.2f}x",
+            ">= 2.6x",
+            verdict(read >= 2.6),
+        ),
+        (
+            "30",
+            "append rows/s, 3 service hosts / 1 (group commit)",
+            f"{append:.2f}x",
+            ">= 2.5x",
+            verdict(append >= 2.5),
+        ),
+        (
+            "30",
+            "Spark read with a host SIGKILLed, time / undisturbed",
+            f"{kill['vs_undisturbed']:.2f}x, exactly once: {kill['exactly_once']}",
+            "<= 1.5x, every row once",
+            verdict(
+                kill["vs_undisturbed"] <= 1.5 and kill["exactly_once"] and kill["killed_mid_way"]
+            ),
+        ),
+        (
+            "30",
+            "stream with a host SIGKILLed",
+            f"{stream['vs_undisturbed']:.2f}x the time, "
+            f"exactly once: {stream['kill']['exactly_once']}",
+            "recovers, no duplicate",
+            verdict(stream["kill"]["exactly_once"] and bool(stream["kill"].get("killed_mid_way"))),
+        ),
+    ]
+
+
+def section(data: dict[str, Any]) -> list[str]:
+    """The report's section (``benchmarks.run_all``)."""
+    s = data["settings"]
+    ds = data["dataset"]
+    lines = [
+        "## Scale-out: 1, 2, 3 service hosts on shaped links (issue 30)",
+        "",
+        f"Five namespaces on one bridge: SeaweedFS, three `aqueduct serve` hosts over one "
+        f"`s3://` root, each host's cable shaped to {data['rate']} both ways (`tc tbf`), and a "
+        f"Spark host (`local[{s['slots']},4]`). `benchmarks/bench_scale.py`; topology and reading "
+        "guide in [operations](operations.md#scale-out-measured). *cores busy*: CPU seconds per "
+        "second of each namespace's processes; *ours*: all of them as a share of the machine's "
+        "cores; *machine*: the machine's busy share (other work included).",
+        "",
+        f"Spark read of {ds['rows']:,} rows ({ds['parquet_bytes'] / 1e6:.0f} MB Parquet) in "
+        f"{s['tasks']} tasks, median of {s['repeat']}; appends of {s['append_rows']:,} rows by "
+        f"{s['writers']} writer threads for {s['seconds']:g} s, group commit on.",
+        "",
+        "| work | hosts | s | rows/s | x 1 host | commits/s | share of bytes per host "
+        "| cores busy (svc1 svc2 svc3 store spark) | ours | machine | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, phases, way in (("read", data["reads"], "tx"), ("append", data["appends"], "rx")):
+        base = phases[0]["rows_per_s"]
+        for p in phases:
+            cpu = " ".join(
+                f"{p['cpu'][n] / p['seconds']:.2f}"
+                for n in ("svc1", "svc2", "svc3", "store", "spark")
+            )
+            commits = f"{p['commits_per_s']:.2f}" if "commits_per_s" in p else ""
+            lines.append(
+                f"| {label} | {p['endpoints']} | {p['seconds']:.2f} | {p['rows_per_s']:,.0f} | "
+                f"{p['rows_per_s'] / base:.2f}x | {commits} | {_shares(p, way)} | {cpu} | "
+                f"{p['cpu_share']:.0%} | {p['machine_busy']:.0%} | {p['load']} |"
+            )
+    kill, stream = data["kill_read"], data["stream"]
+    if "error" in stream:
+        return [*lines, "", f"The stream phase failed: {stream['error'][:500]}", ""]
+    lines += [
+        "",
+        f"| a host SIGKILLed at {s['kill_at']:.0%} of its work | undisturbed s | disturbed s "
+        "| ratio | every row once | killed before the end |",
+        "|---|---|---|---|---|---|",
+        f"| Spark read, 3 hosts | {data['reads'][-1]['seconds']:.2f} | {kill['seconds']:.2f} | "
+        f"{kill['vs_undisturbed']:.2f}x | {kill['exactly_once']} | {kill['killed_mid_way']} |",
+        f"| stream, 3 hosts ({stream['kill']['rows']:,} rows) | "
+        f"{stream['undisturbed']['seconds']:.2f} | {stream['kill']['seconds']:.2f} | "
+        f"{stream['vs_undisturbed']:.2f}x | {stream['kill']['exactly_once']} | "
+        f"{stream['kill'].get('killed_mid_way')} |",
+        "",
+    ]
+    return lines
+
+
+def _shares(phase: dict[str, Any], way: str) -> str:
+    moved = {name: h[way] for name, h in phase["hosts"].items()}
+    total = sum(moved.values()) or 1
+    return " ".join(f"{name} {v / total:4.0%}" for name, v in moved.items())
+
+
+def _cpu(phase: dict[str, Any]) -> str:
+    cpu = " ".join(f"{name} {v / phase['seconds']:.2f}" for name, v in phase["cpu"].items())
+    return f"cores busy: {cpu}; ours {phase['cpu_share']:.0%}, machine {phase['machine_busy']:.0%}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""The Spark host of ``bench_scale``: runs inside its namespace, measures every phase and
+prints one ``SCALE_RESULT {json}`` line. See :mod:`benchmarks.bench_scale`.
+
+Each phase is measured the same way (:func:`measure`): seconds, the bytes each service host
+sent and received on its cable, and the CPU seconds of each namespace's processes (each
+service process, the store, the Spark host's whole process tree: driver, JVM, Python
+workers, writers), beside the machine's own busy share (``/proc/stat``, other work included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+READY = "SCALE_RESULT "
+MOD = 65536
+"""Rows are checked by count, sum of ids and sum of (id mod MOD) squared: a row read twice
+or missed changes them (and none overflows a long at the sizes run here)."""
+
+
+def log(text: str) -> None:
+    print(
+        f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {text}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+class Hosts:
+    """The namespaces to watch: service hosts (interface, process), the store, ourselves."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.services: list[dict[str, Any]] = spec["services"]
+        self.store_pid: int = spec["store_pid"]
+
+    def snapshot(self) -> dict[str, Any]:
+        from benchmarks.bench_realpath_spark import tree_cpu
+
+        snap: dict[str, Any] = {"at": time.perf_counter(), "machine": machine_jiffies()}
+        for svc in self.services:
+            snap[svc["name"]] = {
+                "tx": _counter(svc, "tx_bytes"),
+                "rx": _counter(svc, "rx_bytes"),
+                "cpu": tree_cpu(svc["pid"]),
+            }
+        snap["store_cpu"] = tree_cpu(self.store_pid)
+        snap["spark_cpu"] = tree_cpu(os.getpid())
+        return snap
+
+    def measure(self, fn: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """Run ``fn``; its result and what the phase cost."""
+        before = self.snapshot()
+        result = fn()
+        after = self.snapshot()
+        seconds = after["at"] - before["at"]
+        busy = after["machine"][0] - before["machine"][0]
+        total = after["machine"][1] - before["machine"][1]
+        cost: dict[str, Any] = {
+            "seconds": seconds,
+            "machine_busy": busy / total if total else 0.0,
+            "load": round(os.getloadavg()[0], 1),
+            "cpu": {
+                "store": after["store_cpu"] - before["store_cpu"],
+                "spark": after["spark_cpu"] - before["spark_cpu"],
+            },
+            "hosts": {},
+        }
+        for svc in self.services:
+            name = svc["name"]
+            a, b = after[name], before[name]
+            cost["cpu"][name] = a["cpu"] - b["cpu"]
+            cost["hosts"][name] = {"tx": a["tx"] - b["tx"], "rx": a["rx"] - b["rx"]}
+        cost["cpu_share"] = sum(cost["cpu"].values()) / seconds / (os.cpu_count() or 1)
+        return result, cost
+
+
+def _counter(svc: dict[str, Any], name: str) -> int:
+    path = f"/sys/class/net/{svc['dev']}/statistics/{name}"
+    out = subprocess.run(["ip", "netns", "exec", svc["ns"], "cat", path], capture_output=True)
+    return int(out.stdout)
+
+
+class Killer:
+    """SIGKILLs the ``victim`` service once ``progress()`` (0 to 1) of the work is done."""
+
+    def __init__(self, victim: dict[str, Any], progress: Callable[[], float], at: float) -> None:
+        self.victim, self.progress, self.at = victim, progress, at
+        self.stop = threading.Event()
+        self.killed = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                done = self.progress()
+            except Exception:  # not measurable yet (a sink that does not exist)
+                continue
+            if done >= self.at:
+                log(f"SIGKILL {self.victim['name']} (pid {self.victim['pid']}) at {done:.0%}")
+                os.kill(self.victim["pid"], 9)
+                self.killed = True
+                return
+
+    def finish(self) -> bool:
+        """Stop watching; whether the kill came before the work ended."""
+        self.stop.set()
+        self.thread.join()
+        return self.killed
+
+
+def _rows(client: Any, dataset: str) -> int:
+    return int(client.plan(dataset).rows)
+
+
+def expected(rows: int) -> tuple[int, int, int]:
+    return rows, rows * (rows - 1) // 2, sum((i % MOD) ** 2 for i in range(rows))
+
+
+def main(spec: dict[str, Any]) -> None:
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import functions as F
+
+    from aqueduct_core.transport import ClientTLS
+    from aqueduct_spark.client import Client
+    from benchmarks.bench_spark import spark_session
+    from benchmarks.realpath_link import spawn_in, stop
+
+    hosts = Hosts(spec)
+    urls: list[str] = [s["url"] for s in spec["services"]]
+    base = {"fingerprint": spec["fingerprint"], **spec["options"]}
+    tls = ClientTLS(fingerprint=spec["fingerprint"])
+    client_opts: dict[str, Any] = {"tls": tls, "compression": spec["compression"]}
+    if spec["transport"]:
+        client_opts["transport"] = spec["transport"]
+    # four attempts per task, as spark.task.maxFailures gives a cluster (local[N] gives one)
+    spark = spark_session(master=f"local[{spec['slots']},4]")
+    out: dict[str, Any] = {"reads": [], "appends": []}
+    rows = spec["rows"]
+    want = expected(rows)
+
+    # -- the dataset ------------------------------------------------------------------------
+    name = "scale_read"
+    df = spark.range(0, rows, numPartitions=spec["tasks"]).selectExpr(
+        "id",
+        "cast(id as double) * 0.5 as x",
+        "concat('row-', cast(id as string)) as s",
+        "timestamp_micros(id + 1700000000000000) as ts",
+    )
+    log(f"writing {rows:,} rows in {spec['tasks']} tasks through 3 hosts")
+    _, cost = hosts.measure(
+        lambda: (
+            df.write.format("aqueduct")
+            .options(url=",".join(urls), **base)
+            .mode("overwrite")
+            .save(name)
+        )
+    )
+    out["write"] = cost
+    planned = Client(",".join(urls), **client_opts).plan(name)
+    split = planned.bytes // spec["tasks"] + 1
+    out["dataset"] = {"rows": rows, "parquet_bytes": planned.bytes, "arrow_bytes": rows * 39}
+
+    def read(k: int) -> Callable[[], tuple[int, int, int]]:
+        opts = {**base, "url": ",".join(urls[:k]), "splitSize": str(split)}
+
+        def run() -> tuple[int, int, int]:
+            r = (
+                spark.read.format("aqueduct")
+                .options(**opts)
+                .load(name)
+                .agg(
+                    F.count("*").alias("n"),
+                    F.sum("id").alias("s"),
+                    F.sum(F.pmod("id", F.lit(MOD)) * F.pmod("id", F.lit(MOD))).alias("q"),
+                )
+                .first()
+            )
+            return int(r["n"]), int(r["s"]), int(r["q"])
+
+        return run
+
+    read(3)()  # warm-up: the JVM, the Python workers, every connection
+    for k in (1, 2, 3):
+        samples = []
+        for _ in range(spec["repeat"]):
+            got, cost = hosts.measure(read(k))
+            assert got == want, f"read through {k} hosts: {got} != {want}"
+            samples.append(cost)
+        mid = sorted(samples, key=lambda c: c["seconds"])[len(samples) // 2]
+        mid["endpoints"] = k
+        mid["rows_per_s"] = rows / mid["seconds"]
+        out["reads"].append(mid)
+        log(f"read through {k}: {mid['seconds']:.2f} s, {mid['rows_per_s']:,.0f} rows/s")
+
+    # -- appends ----------------------------------------------------------------------------
+    import pyarrow as pa
+
+    n = spec["append_rows"]
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "x": pa.array([i * 0.5 for i in range(n)], pa.float64()),
+            "s": pa.array([f"row-{i}" for i in range(n)]),
+        }
+    )
+
+    def appends(k: int) -> Callable[[], dict[str, Any]]:
+        url = ",".join(urls[:k])
+        target = f"appends_{k}"
+        Client(url, **client_opts).create(target, table.schema, exist_ok=True)
+
+        def run() -> dict[str, Any]:
+            deadline = time.monotonic() + spec["seconds"]
+            done = [0] * spec["writers"]
+            errors: list[BaseException] = []
+
+            def writer(w: int) -> None:
+                client = Client(url, **client_opts)
+                while time.monotonic() < deadline:
+                    try:
+                        client.append(target, table)
+                    except Exception as exc:
+                        errors.append(exc)
+                        return
+                    done[w] += 1
+
+            threads = [threading.Thread(target=writer, args=(w,)) for w in range(spec["writers"])]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            return {"commits": sum(done)}
+
+        return run
+
+    for k in (1, 2, 3):
+        got, cost = hosts.measure(appends(k))
+        cost.update(got, endpoints=k, rows=got["commits"] * n)
+        cost["commits_per_s"] = got["commits"] / cost["seconds"]
+        cost["rows_per_s"] = cost["rows"] / cost["seconds"]
+        out["appends"].append(cost)
+        log(f"appends through {k}: {cost['commits_per_s']:.2f} commits/s")
+
+    # -- a host killed mid-read, and mid-stream ---------------------------------------------
+    victim = spec["services"][spec["kill"]]
+    restarted: list[Any] = []
+
+    def kill_when(progress: Callable[[], float]) -> Killer:
+        return Killer(victim, progress, spec["kill_at"])
+
+    def restart() -> None:
+        proc, _ = spawn_in(victim["ns"], victim["cmd"], "AQUEDUCT_READY ")
+        restarted.append(proc)
+        victim["pid"] = proc.pid
+
+    undisturbed = out["reads"][2]["seconds"]
+    share = out["reads"][2]["hosts"][victim["name"]]["tx"]  # what the victim sends in a read
+    start = _counter(victim, "tx_bytes")
+    killer = kill_when(lambda: (_counter(victim, "tx_bytes") - start) / share)
+    got, cost = hosts.measure(read(3))
+    cost["killed_mid_way"] = killer.finish()
+    cost["exactly_once"] = got == want
+    cost["vs_undisturbed"] = cost["seconds"] / undisturbed
+    out["kill_read"] = cost
+    log(
+        f"read with a kill: {cost['seconds']:.2f} s ({cost['vs_undisturbed']:.2f}x), "
+        f"exactly once: {got == want}"
+    )
+    restart()
+
+    try:
+        out["stream"] = stream(spark, spec, urls, base, client_opts, hosts, kill_when)
+    except Exception as exc:  # the other figures stand; the report says what failed
+        log(f"the stream phase failed: {exc}")
+        out["stream"] = {"error": str(exc)[:2000]}
+    finally:
+        spark.stop()
+        for proc in restarted:
+            stop(proc)
+    print(READY + json.dumps(out), flush=True)
+
+
+def stream(
+    spark: Any,
+    spec: dict[str, Any],
+    urls: list[str],
+    base: dict[str, str],
+    client_opts: dict[str, Any],
+    hosts: Hosts,
+    kill_when: Callable[[Callable[[], float]], Killer],
+) -> dict[str, Any]:
+    """A backlog of ``stream_rows`` rows in 20 versions streamed from one dataset to another
+    through all three hosts (``maxRowsPerTrigger``: ten micro-batches), undisturbed, then
+    again with a host killed part-way: seconds to the last row, and the sink's ids."""
+    import pyarrow as pa
+
+    from aqueduct_spark.client import Client
+
+    url = ",".join(urls)
+    client = Client(url, **client_opts)
+    total = spec["stream_rows"]
+    per = total // 20
+    results: dict[str, Any] = {}
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    for label in ("undisturbed", "kill"):
+        src, dst = f"stream_src_{label}", f"stream_dst_{label}"
+        client.create(src, schema)
+        for v in range(20):
+            ids = pa.array(range(v * per, (v + 1) * per), pa.int64())
+            strings = pa.array([f"r{i}" for i in range(per)])
+            client.append(src, pa.Table.from_arrays([ids, strings], schema=schema))
+        want = list(range(20 * per))
+        checkpoint = Path(spec["tmp"]) / f"checkpoint-{label}"
+
+        restarts: list[str] = []
+
+        def run(
+            dst: str = dst,
+            src: str = src,
+            checkpoint: Path = checkpoint,
+            restarts: list[str] = restarts,
+        ) -> None:
+            def start() -> Any:
+                return (
+                    spark.readStream.format("aqueduct")
+                    .options(url=url, startingVersion="earliest", **base)
+                    .option("maxRowsPerTrigger", str(total // 10))
+                    .load(src)
+                    .writeStream.format("aqueduct")
+                    .options(url=url, **base)
+                    .option("checkpointLocation", str(checkpoint))
+                    .start(dst)
+                )
+
+            query = start()
+            try:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    if not query.isActive:
+                        error = str(query.exception())
+                        # Spark gives a new Python worker 10 s to connect back (hard-coded);
+                        # on a loaded machine it may take longer. A failed query is restarted
+                        # from its checkpoint, as a scheduler would: counted and reported.
+                        if "failed to connect back" not in error or len(restarts) >= 3:
+                            raise RuntimeError(f"the stream failed: {error}")
+                        restarts.append(error[:300])
+                        log("the query failed (a Python worker's start-up); restarting it")
+                        query = start()
+                    try:
+                        if client.plan(dst).rows >= total // 20 * 20:
+                            return
+                    except Exception:  # the sink does not exist yet
+                        pass
+                    time.sleep(0.2)
+                raise RuntimeError("the stream did not finish within 600 s")
+            finally:
+                query.stop()
+
+        killer = None
+        if label == "kill":
+            killer = kill_when(lambda dst=dst: _rows(client, dst) / (20 * per))
+        _, cost = hosts.measure(run)
+        if killer is not None:
+            cost["killed_mid_way"] = killer.finish()
+        got = sorted(client.read(dst, columns=["id"]).column("id").to_pylist())
+        cost["exactly_once"] = got == want
+        cost["rows"] = len(got)
+        cost["restarts"] = len(restarts)
+        results[label] = cost
+        log(
+            f"stream {label}: {cost['seconds']:.2f} s, {len(got)} rows, exactly once: {got == want}"
+        )
+    results["vs_undisturbed"] = results["kill"]["seconds"] / results["undisturbed"]["seconds"]
+    return results
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

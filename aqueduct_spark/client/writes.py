@@ -140,9 +140,13 @@ class Writes(Session):
         app_id: str | None = None,
         app_version: int | None = None,
         overwrite_schema: bool = False,
+        finish: bool = False,
     ) -> dict[str, Any]:
         """Publish every staged file of ``txn`` in one atomic commit. With ``app_id`` and
-        ``app_version`` a repeated commit is a no-op (``committed`` is False)."""
+        ``app_version`` a repeated commit is a no-op (``committed`` is False). ``finish``:
+        the service then removes the transaction's other staged files (of task attempts that
+        failed), as ``abort(txn)`` would, after answering; the result says ``finishing``
+        (a service older than that does not: call ``abort(txn)``)."""
         files = [f for task in staged for f in task["staged"]]
         fields: dict[str, Any] = dict(
             dataset=txn.dataset,
@@ -163,6 +167,8 @@ class Writes(Session):
             fields["merge_schema"] = True
         if txn.replace_where is not None:
             fields["replace_where"] = txn.replace_where
+        if finish:
+            fields["finish"] = txn.txn
         return dict(await self.call("commit", idempotent=app_id is not None, **fields))
 
     async def abort(self, txn: Transaction, staged: Iterable[Mapping[str, Any]] = ()) -> int:

@@ -78,15 +78,18 @@ class AqueductWriter(DataSourceArrowWriter):
             raise error
         staged = [m.staged for m in messages if isinstance(m, StagedMessage)]
         client = self.opts.client()
-        client.commit(
+        result = client.commit(
             self.txn,
             staged,
             overwrite_schema=self.opts.overwrite_schema,
             app_id=self.opts.txn_app_id,  # Delta's txnAppId/txnVersion: an idempotent write
             app_version=self.opts.txn_version,
+            # Failed attempts of retried tasks staged files no commit references: the service
+            # removes them once it has answered (one round trip, not two).
+            finish=True,
         )
-        # Failed attempts of retried tasks staged files no commit references: remove them.
-        client.abort(self.txn, [])
+        if not result.get("finishing"):  # a service older than commit's finish
+            client.abort(self.txn, [])
 
     @surfaced
     def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:

@@ -9,15 +9,19 @@ requests (``scan``, ``write``, ``subscribe``) are the server's own.
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from aqueduct_spark import protocol as P
-from aqueduct_spark.service import changes, delta_log, maintenance
+from aqueduct_spark.service import changes, delta_log, maintenance, staging
 from aqueduct_spark.service.binding import Condition
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.transactions import Transactions
+
+log = logging.getLogger("aqueduct.service")
 
 COMMITTING = frozenset({"commit", "compact", "restore", "delete"})
 """Requests whose result may be a new version (``committed``, ``version``): subscribers hear
@@ -165,6 +169,9 @@ class Operations:
         staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]
         name = field(req, "dataset", str)
         self.store.validate_name(name)
+        finish = field(req, "finish", str, None)
+        if finish is not None:
+            staging.check_txn(finish)  # refused before anything is committed
         self.transactions.before_commit(name, staged)  # an expired transaction is refused
         result = self.store.commit(
             name,
@@ -180,7 +187,32 @@ class Operations:
             replace_where=field(req, "replace_where", str, None),
         )
         self.transactions.committed(name, staged)
-        return result.to_wire()
+        wire = result.to_wire()
+        if finish is not None:
+            wire["finishing"] = True  # the server runs finish() once it has answered
+        return wire
+
+    def finish(self, req: dict[str, Any], result: dict[str, Any]) -> int:
+        """After a commit's answer, for one with ``finish``: what ``abort`` of that transaction
+        with no files would do (its other staged files deleted, the transaction ended),
+        without reading the log when nothing else was staged. Returns the files deleted."""
+        name, txn = field(req, "dataset", str), field(req, "finish", str)
+        published = set()
+        if result.get("committed"):
+            published = {P.StagedFile.from_dict(d).path for d in field(req, "staged", list)}
+        store = self.store
+        local = store.local_dir(name)
+        removed = 0
+        try:
+            if local is None or os.path.isdir(local):
+                fs = store.filesystem(name)
+                found = staging.staged_files(fs)
+                rest = {i.path for i in found if staging.staged_txn(i.path) == txn} - published
+                removed = len(store.delete_unreferenced(name, fs, rest)) if rest else 0
+        except Exception as exc:  # answered already: what is left, vacuum removes
+            log.warning("clean-up of transaction %s of %s failed: %s", txn, name, exc)
+        self.transactions.finished(name, [txn])
+        return removed
 
     def abort(self, req: dict[str, Any]) -> Any:
         staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list, [])]

@@ -233,7 +233,7 @@ class DatasetService:
         self.compression = ConnectionCodecs(config.compression)
         ops = Operations(self.store, config.split_bytes, config.max_batch_bytes, self.transactions)
         ops.codecs = self.compression.accepted()
-        self._ops = ops.by_op
+        self._ops, self._finish = ops.by_op, ops.finish
         self.maintenance = Maintenance(self.store, config.maintenance, self._pool)
         self.observer = Observer({*self._ops, "ping", "status", "scan", "write", "subscribe"})
         """Access lines and metrics (``observability``; served by ``health.start_http``)."""
@@ -348,6 +348,8 @@ class DatasetService:
                     committed()
                     self._notify(req["dataset"], result["version"])
                     self.maintenance.after_commit(req["dataset"], result["version"])
+                if op == "commit" and result.get("finishing"):  # its clean-up, once answered
+                    await self._pool.run(session, self._finish, req, result)
         except Exception as exc:  # every failure becomes an answer, never a dead connection
             await self._fail(req, _answer_for(exc))
         finally:

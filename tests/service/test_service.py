@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,32 @@ def test_abort_leaves_no_trace(service: ServiceProcess) -> None:
     assert c.abort(txn, [staged]) >= 1
     assert _files(service.root / "aborted") == files_before
     assert c.describe("aborted").version == version and c.read("aborted").num_rows == 10
+
+
+def test_a_commit_that_finishes_removes_what_failed_attempts_staged(
+    service: ServiceProcess,
+) -> None:
+    """``commit(..., finish=True)`` (the Spark writer's): the service answers ``finishing``
+    and then deletes the transaction's staged files the commit left out (a task attempt that
+    failed after staging), as the abort the writer no longer sends did; a bad transaction id
+    is refused before anything is committed."""
+    c = service.client()
+    txn = c.begin("finished", table(0).schema)
+    lost = c.write_task(txn, table(100, 10).to_batches())  # the failed attempt's
+    kept = c.write_task(txn, table(5, 10).to_batches())
+    staged = _files(service.root / "finished")
+    with pytest.raises(P.InvalidRequest, match="invalid transaction id"):
+        c.commit(replace(txn, txn="../x"), [kept], finish=True)
+    result = c.commit(txn, [kept], finish=True)
+    assert result["committed"] and result["finishing"] and result["rows"] == 5
+    kept_file = {f["path"] for f in kept["staged"]}
+    lost_file = {f["path"] for f in lost["staged"]}
+    deadline = time.monotonic() + 10  # the clean-up runs after the answer
+    while _files(service.root / "finished") & lost_file and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = _files(service.root / "finished")
+    assert left & lost_file == set() and kept_file <= left, (staged, left)
+    assert sorted_ids(c.read("finished")) == list(range(10, 15))
 
 
 def test_repeated_idempotent_commit_changes_nothing(service: ServiceProcess) -> None:

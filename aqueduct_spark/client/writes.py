@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -68,8 +68,19 @@ class Writes(Session):
     ) -> dict[str, Any]:
         """Stage ``batches`` under ``txn``; returns what was staged (pass it to commit).
         Nothing is visible until the commit. Not retried (the batches are consumed as they
-        are sent), so it goes out on a connection proven alive."""
-        conn = await self._live_connection(BULK)  # the request carries the data channel
+        are sent), so it goes out on a connection proven alive: the ``ping`` that proves a
+        quiet one runs while the first batch is made (a Spark task's first batch comes from
+        the JVM), and nothing is sent before it answered."""
+        # The bulk lane: the request carries the data channel.
+        probe = asyncio.ensure_future(self._live_connection(BULK))
+        source = _aiter(batches)
+        try:
+            first = await anext(source, None)
+            conn = await probe
+        except BaseException:
+            probe.cancel()
+            await source.aclose()
+            raise
         target = txn.schema
         tx, rx = channel(headers=[(P.H_SCHEMA, P.schema_to_bytes(target))], codec="raw")
         reply, answer = oneshot()
@@ -88,7 +99,7 @@ class Writes(Session):
         limit = BatchLimit(self.config.max_batch_bytes, txn.max_batch_bytes)
         seq = 0
         try:
-            async for batch in _aiter(batches):
+            async for batch in _chain(first, source):
                 batch = _conform(batch, target)
                 setting = codec.setting()
                 pieces = P.payloads_within(
@@ -258,13 +269,22 @@ async def _answer_or_none(answer: Any, timeout: float) -> Any:
         return None
 
 
-async def _aiter(items: Any) -> AsyncIterator[Any]:
+async def _aiter(items: Any) -> AsyncGenerator[Any]:
     if hasattr(items, "__aiter__"):
         async for item in items:
             yield item
     else:
         for item in items:
             yield item
+
+
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``first`` (None: there was nothing), then ``rest``."""
+    if first is None:
+        return
+    yield first
+    async for item in rest:
+        yield item
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

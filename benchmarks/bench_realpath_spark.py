@@ -75,6 +75,12 @@ def spark_client(spec: dict[str, Any]) -> None:
     from benchmarks.bench_spark import spark_session
 
     spark = spark_session()
+    phases = Path(spec["phases"]) if spec.get("phases") else None
+    if phases is not None:
+        from benchmarks.spark_phases import AqPhases, FlPhases, summary
+
+        spark.dataSource.register(AqPhases)
+        spark.dataSource.register(FlPhases)
     df = spark.range(0, spec["rows"], numPartitions=4).selectExpr(
         "id",
         "cast(id as double) * 0.5 as x",
@@ -84,6 +90,8 @@ def spark_client(spec: dict[str, Any]) -> None:
     results: dict[str, Any] = {}
     for label, (fmt, options, server) in spec["paths"].items():
         name = "t_" + "".join(c if c.isalnum() else "_" for c in label)
+        if phases is not None:
+            fmt = {"aqueduct": "aqphases", "flightbench": "flphases"}[fmt]
 
         def write(fmt: str = fmt, options: dict[str, str] = options, name: str = name) -> None:
             df.write.format(fmt).options(**options).mode("overwrite").save(name)
@@ -96,6 +104,8 @@ def spark_client(spec: dict[str, Any]) -> None:
         results[label] = {}
         for op, fn, wire in (("write", write, "tx"), ("read", read, "rx")):
             fn()  # warm-up (and for read: the table the write just made)
+            if phases is not None:
+                phases.write_text("")
             samples = []
             for _ in range(spec["repeat"]):
                 before = counters(spec["dev"], [server])
@@ -110,6 +120,11 @@ def spark_client(spec: dict[str, Any]) -> None:
                 "client_cpu": mid["client_cpu"],
                 "server_cpu": mid["server_cpu"],
             }
+            if phases is not None:  # per query: seconds summed over the processes
+                results[label][op]["phases"] = {
+                    k: (n / spec["repeat"], t / spec["repeat"])
+                    for k, (n, t) in summary(phases).items()
+                }
         r = results[label]
         print(
             f"{label:18} write {r['write']['seconds']:6.2f} s   read {r['read']['seconds']:6.2f} s",
@@ -138,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Aqueduct paths to measure (the Flight data source, plain and zstd, runs first)",
     )
     ap.add_argument("--quick", action="store_true", help="200k rows, 1 run, unshaped only")
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="time each data source hook and connection in Spark's Python processes "
+        "(benchmarks.spark_phases) and print them per query",
+    )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--spark-client", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -219,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     "repeat": args.repeat,
                     "paths": paths,
                     "dev": link.client_if,
+                    "phases": str(Path(tmp) / "phases.log") if args.phases else None,
                 }
                 load = round(os.getloadavg()[0], 1)
                 print(f"== MTU 1500, link {rate or 'unshaped'}, load {load}", flush=True)
@@ -229,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                     stdout=subprocess.PIPE,
                     text=True,
                     check=True,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": str(ROOT),
+                        "AQUEDUCT_PHASES": spec["phases"] or "",
+                    },
                 )
                 line = next(x for x in run.stdout.splitlines() if x.startswith(READY))
                 out["runs"].append(
@@ -261,6 +287,9 @@ def report(out: dict[str, Any]) -> None:
                     f"{x['wire'] / 1e6:6.0f} MB cpu {x['client_cpu'] / gb:5.1f}/{x['server_cpu'] / gb:4.1f}"
                 )
             print(f"  {run['rate'] or 'unshaped':8} {label:18} " + "   ".join(cells))
+            for op in ("write", "read"):
+                for phase, (n, t) in sorted(r[op].get("phases", {}).items()):
+                    print(f"      {op:5} {phase:28} {t:7.3f} s in {n:4.1f} calls per query")
 
 
 if __name__ == "__main__":

@@ -416,16 +416,17 @@ class Spreader:
         while True:
             index = await attempts.next()
             client = self.client(index)
-            try:
-                await client._live_connection(BULK)
-            except Exception as exc:
-                if classify(exc) not in _FAILOVER:
-                    raise
-                self._failed(index, exc, "a write")
-                attempts.missed(index, exc)
-                continue
             counted = _Counted()
+            # Counted from the choice on: writes chosen meanwhile see this one under way.
             with self.spread.lease(index, size) as lease:
+                try:
+                    await client._live_connection(BULK)
+                except Exception as exc:
+                    if classify(exc) not in _FAILOVER:
+                        raise
+                    self._failed(index, exc, "a write")
+                    attempts.missed(index, exc)
+                    continue
                 try:
                     staged = await client.write_task(txn, _counting(batches, counted), task=task)
                 except Exception as exc:

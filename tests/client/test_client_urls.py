@@ -158,7 +158,7 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
             txn = await client.begin(name, table.schema)
             staged = await asyncio.gather(
                 *(
-                    client.write_task(txn, table.slice(i * 2_000, 2_000).to_batches(), endpoint=i)
+                    client.write_task(txn, table.slice(i * 2_000, 2_000).to_batches())
                     for i in range(4)
                 )
             )

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 from aqueduct_core.transport import ClientTLS, TransportConfig
 from aqueduct_core.transport.config import Transport
-from aqueduct_spark.protocol.buffers import POOL
 from aqueduct_spark.protocol.compression import Compression
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
@@ -75,6 +74,10 @@ class ClientConfig:
         transport = self.transport
         if transport.engine.payload_buffers is not None:
             return transport
+        # imported here: the pool brings the engine's API (asyncio, ssl), which building a
+        # config, as Spark's driver does to check options, must not pay for
+        from aqueduct_spark.protocol.buffers import POOL
+
         return replace(
             transport, engine=replace(transport.engine, payload_buffers=POOL.for_channel)
         )

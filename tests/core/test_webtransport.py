@@ -304,10 +304,17 @@ def test_the_service_settings_are_the_profiles() -> None:
             assert raw.answer[b"sec-webtransport-http3-draft"] == b"draft02"
             raw.uni(b"\x40\x54\x00" + HELLO)  # the profile's example, byte by byte
             await asyncio.sleep(0.3)
-            example = hex_block("The service answers on its first stream").split(
+            example = hex_block("answers on its first stream with VERSION").split(
                 "S (QUIC stream 15):"
             )[1]
-            assert bytes(raw.raw[15]) == bytes.fromhex(example)
+            # The example is the dataset service's: VERSION and ACK_VERSION, then
+            # CONNECTION_HEADERS (type 02, length) with aqds-version, the codec, the flow
+            # window and the entrypoint's window, one header a line. This bare engine server
+            # sends the same VERSION and ACK_VERSION and the engine's own two headers.
+            lines = example.strip().splitlines()
+            hello, codec, flow = (bytes.fromhex(lines[i]) for i in (0, 2, 3))
+            headers = codec + flow
+            assert bytes(raw.raw[15]) == hello + bytes([0x02, len(headers)]) + headers
 
     run(main())
 

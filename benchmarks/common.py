@@ -102,16 +102,22 @@ def spawn(
         text=True,
         env={**os.environ, **(env or {})},
     )
+    return proc, wait_ready(proc, ready, 120, str(args))
+
+
+def wait_ready(proc: subprocess.Popen[str], ready: str, timeout: float, what: str) -> str:
+    """The rest of ``proc``'s first stdout line starting with ``ready``; RuntimeError naming
+    ``what`` if it exits first or is not ready within ``timeout`` seconds (then killed)."""
     assert proc.stdout is not None
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"{args} exited with {proc.wait()}")
+            raise RuntimeError(f"{what} exited with {proc.wait()}")
         if line.startswith(ready):
-            return proc, line[len(ready) :].strip()
+            return line[len(ready) :].strip()
     proc.kill()
-    raise RuntimeError(f"{args} not ready in time")
+    raise RuntimeError(f"{what} not ready in time")
 
 
 def spawn_service(root: Path | str, backend: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:

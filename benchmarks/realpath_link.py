@@ -10,12 +10,13 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,16 +234,7 @@ def spawn_in(
         cwd=ROOT,
         env={**os.environ, "AQUEDUCT_TOKEN": ""},
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{args[:3]} exited with {proc.wait()} in namespace {ns}")
-        if line.startswith(ready):
-            return proc, line[len(ready) :].strip()
-    proc.kill()
-    raise RuntimeError(f"{args[:3]} not ready in time")
+    return proc, wait_ready(proc, ready, timeout, f"{args[:3]} in namespace {ns}")
 
 
 def stop(proc: Any) -> None:

@@ -15,7 +15,7 @@ from aqueduct_spark.client import frames
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.models import DatasetInfo, Transaction
 from aqueduct_spark.client.reads import Reads
-from aqueduct_spark.client.spread import Spreader
+from aqueduct_spark.client.spread import Preference, Spreader
 from aqueduct_spark.client.subscriptions import Subscriptions
 from aqueduct_spark.client.writes import Writes
 
@@ -33,11 +33,12 @@ class AsyncClient(Reads, Writes, Subscriptions):
         split: Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
         schema: pa.Schema,
-        endpoint: int | None = None,
+        endpoint: Preference = None,
         **kw: Any,
     ) -> AsyncIterator[pa.RecordBatch]:
         """:meth:`Reads.scan`; with several endpoints, on the one that can take it soonest
-        (``endpoint``: the index preferred when they are even, as a planner assigned it)."""
+        (``endpoint``: the index preferred when they are even, as a planner assigned it, or
+        indices in the order preferred, as :func:`~.spread.plan_orders` gives them)."""
         if self._spreader is None:
             return super().scan(split, schema=schema, **kw)
         return self._spreader.scan(split, schema=schema, prefer=endpoint, **kw)

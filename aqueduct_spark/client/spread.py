@@ -13,7 +13,10 @@ take it soonest, as this process sees it (:class:`Spread`):
 - **ties** (nothing under way, as in a Spark task's process at the start of each task) go to
   the endpoint the caller prefers (the planner's choice: the Spark reader assigns each task
   on the driver by the same rule, over the tasks' bytes), else to one picked at random, so
-  processes that start together do not all pick the first;
+  processes that start together do not all pick the first. The planner also gives each
+  task the endpoint it moves to if its own fails (:func:`plan_orders`): the tasks of one
+  host go to all the others, spread by bytes, so a host lost mid-read leaves its work to
+  every survivor, not all to the next one in the list (each task's process decides alone);
 - **an endpoint that fails** (its connection lost, nothing answering) is avoided for
   :data:`AVOID` seconds, doubling with each failure in a row up to :data:`AVOID_MAX`, then
   tried again; one success clears it. When every endpoint is being avoided, the one whose
@@ -96,6 +99,9 @@ class BulkClient(Protocol):
 
 log = logging.getLogger("aqueduct.client")
 T = TypeVar("T")
+Preference = int | Sequence[int] | None
+"""An endpoint a piece of work prefers when the endpoints are even (its index), or several
+in the order preferred (:func:`plan_orders`)."""
 
 AVOID = 1.0
 """Seconds an endpoint that just failed is avoided (doubled per failure in a row)."""
@@ -185,11 +191,15 @@ class Spread:
         return total // count if count else UNKNOWN_SIZE
 
     def pick(
-        self, size: int | None = None, prefer: int | None = None, exclude: Iterable[int] = ()
+        self,
+        size: int | None = None,
+        prefer: Preference = None,
+        exclude: Iterable[int] = (),
     ) -> int | None:
         """The endpoint (its index) for a piece of ``size`` bytes: the usable one with the
-        least outstanding bytes after it; ties to ``prefer``, then the next ones after it
-        (a random start without one). None when every endpoint is excluded."""
+        least outstanding bytes after it; ties to ``prefer`` (an index, or indices in the
+        order preferred), then the next ones after it (a random start without one). None
+        when every endpoint is excluded."""
         n = len(self.endpoints)
         skip = set(exclude)
         left = [i for i in range(n) if i not in skip]
@@ -199,13 +209,16 @@ class Spread:
         usable = [i for i in left if self._state[i].avoid_until <= now]
         if not usable:  # all are being avoided: try the one whose pause ends first
             return min(left, key=lambda i: self._state[i].avoid_until)
-        start = prefer % n if prefer is not None else self._rng.randrange(n)
+        order = [prefer] if isinstance(prefer, int) else list(prefer or ())
+        start = order[0] % n if order else self._rng.randrange(n)
+        rank = {i % n: r for r, i in reversed(list(enumerate(order)))}
         add = self.guess(size)
         return min(
             usable,
             key=lambda i: (
                 self._state[i].outstanding + add,
                 self._state[i].leases,
+                rank.get(i, len(order)),
                 (i - start) % n,
             ),
         )
@@ -254,6 +267,29 @@ def assign(sizes: Sequence[int], endpoints: int) -> list[int]:
         plan.lease(index, size)
         chosen.append(index)
     return chosen
+
+
+def plan_orders(sizes: Sequence[int], endpoints: int) -> list[tuple[int, ...]]:
+    """Each task's endpoints in the order it prefers them (the planner's, on the driver):
+    first its home (:func:`assign`), then the endpoint it moves to if its home fails. The
+    tasks of one home are spread over the others by bytes, like the homes themselves: a host
+    lost mid-read hands its tasks (those cut, those not begun) to all the survivors, not to
+    one. Every process of a read works alone, so this rule is what keeps them apart."""
+    homes = assign(sizes, endpoints)
+    fallback = [0] * len(sizes)
+    for home in range(endpoints):
+        mine = [t for t, h in enumerate(homes) if h == home]
+        others = [(home + 1 + j) % endpoints for j in range(endpoints - 1)]
+        if not others:
+            continue
+        for t, j in zip(mine, assign([sizes[t] for t in mine], len(others)), strict=True):
+            fallback[t] = others[j]
+    orders = []
+    for t, home in enumerate(homes):
+        rest = [(home + j) % endpoints for j in range(1, endpoints)]
+        rest = [i for i in rest if i != fallback[t]]
+        orders.append((home, fallback[t], *rest) if endpoints > 1 else (home,))
+    return orders
 
 
 _spreads: dict[tuple[Endpoint, ...], Spread] = {}
@@ -360,7 +396,7 @@ class Spreader:
         columns: Sequence[str] | None = None,
         filter: Any = None,
         batch_rows: int | None = None,
-        prefer: int | None = None,
+        prefer: Preference = None,
     ) -> AsyncIterator[pa.RecordBatch]:
         """:meth:`Reads.scan` on the endpoint that can take it, resumed on another from
         the first row not delivered if that endpoint fails."""
@@ -451,7 +487,7 @@ class _Attempts:
     """The endpoints one piece of work tried: the next to try, and a pause (under the
     client's ``retries``) once every endpoint failed it."""
 
-    def __init__(self, spreader: Spreader, size: int | None, prefer: int | None) -> None:
+    def __init__(self, spreader: Spreader, size: int | None, prefer: Preference) -> None:
         self.spread = spreader.spread
         self.size, self.prefer = size, prefer
         self.tried: set[int] = set()

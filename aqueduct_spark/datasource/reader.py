@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from aqueduct_spark import protocol as P
-from aqueduct_spark.client.spread import assign, split_bytes
+from aqueduct_spark.client.spread import plan_orders, split_bytes
 from aqueduct_spark.client.urls import parse_endpoints
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import check_user_schema, spark_to_arrow
@@ -56,6 +56,7 @@ class SplitPartition(InputPartition):
         columns: tuple[str, ...],
         filters: tuple[Any, ...] | None,
         endpoint: int | None = None,
+        endpoints: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__([s.get("path") for s in splits])
         self.opts = opts
@@ -67,6 +68,9 @@ class SplitPartition(InputPartition):
         self.endpoint = endpoint
         """The endpoint of the URL the driver assigned (spreading the tasks' bytes over
         them); the executor takes another if that one is busier or failing."""
+        self.endpoints = endpoints
+        """Every endpoint in the order this task prefers them (``endpoint`` first, then the
+        one it moves to if that fails: :func:`~aqueduct_spark.client.spread.plan_orders`)."""
 
 
 class AqueductReader(DataSourceReader):
@@ -95,10 +99,10 @@ class AqueductReader(DataSourceReader):
         schema = P.schema_to_bytes(target)
         filters = tuple(self.filters) if self.filters else None
         tasks = plan.task_splits()
-        homes = assign([split_bytes(t) or 0 for t in tasks], len(parse_endpoints(opts.url)))
+        orders = plan_orders([split_bytes(t) or 0 for t in tasks], len(parse_endpoints(opts.url)))
         return [
-            SplitPartition(opts, splits, schema, tuple(target.names), filters, home)
-            for splits, home in zip(tasks, homes, strict=True)
+            SplitPartition(opts, splits, schema, tuple(target.names), filters, order[0], order)
+            for splits, order in zip(tasks, orders, strict=True)
         ]
 
     @surfaced
@@ -114,7 +118,7 @@ class AqueductReader(DataSourceReader):
             columns=list(partition.columns),
             filter=list(partition.filters) if partition.filters else None,
             batch_rows=partition.opts.batch_rows,
-            endpoint=getattr(partition, "endpoint", None),
+            endpoint=partition.endpoints or partition.endpoint,
         )
 
 

@@ -206,3 +206,55 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
         asyncio.run(run())
     finally:
         os.kill(service.proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.quic
+def test_a_host_killed_mid_scan_is_left_at_once(
+    service: ServiceProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first endpoint is a host SIGKILLed while a scan streams through it: its kernel
+    ends the connection (scans go over TLS/TCP by default), so the scan moves at once, not
+    after STALL seconds of silence, to the endpoint the planner gave it next, and every row
+    arrives exactly once. The host is a TCP relay process in front of the service (a second
+    ``aqueduct serve`` would cost seconds to start; the client sees the same: a killed
+    process's sockets closed by its kernel). A small flow-control window keeps the service
+    from sending the scan ahead, so the kill cuts it after its first batch. A real service
+    SIGKILLed under Spark: tests/spark/test_scale_out.py (slow)."""
+    import os
+    import signal
+
+    from aqueduct_core.engine.config import EngineConfig
+    from aqueduct_core.testing.tcprelay import TCPRelay
+    from aqueduct_core.transport import TransportConfig
+
+    rows = 30_000
+    name = f"killed_{random.randrange(1 << 30)}"
+    _client(service, service.url).write(name, pa.table({"id": pa.array(range(rows))}))
+    host = TCPRelay.start(service.port)
+    config = ClientConfig(
+        f"tcp://127.0.0.1:{host.port},{service.url}",
+        tls=ClientTLS(fingerprint=service.fingerprint),
+        token=service.token,
+        transport=TransportConfig(engine=EngineConfig(flow_window=16 * 1024)),
+    )
+
+    async def run() -> list[int]:
+        async with AsyncClient(config) as client:
+            plan = await client.plan(name)
+            got: list[int] = []
+            async for batch in client.scan(
+                plan.splits[0], schema=plan.schema, batch_rows=1_000, endpoint=(0, 1)
+            ):
+                if not got:
+                    os.kill(host.proc.pid, signal.SIGKILL)
+                got += batch.column("id").to_pylist()
+            assert spread_for(client._endpoints).avoided() == [True, False]
+            return got
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        host.stop()
+    assert sorted(got) == list(range(rows))  # every row exactly once
+    assert "resuming after row 1000" in caplog.text  # cut after its first batch
+    assert "no answer for" not in caplog.text  # known by the connection's end

@@ -12,7 +12,14 @@ from __future__ import annotations
 import random
 
 from aqueduct_spark.client import Endpoint
-from aqueduct_spark.client.spread import AVOID, Spread, assign, split_bytes, spread_for
+from aqueduct_spark.client.spread import (
+    AVOID,
+    Spread,
+    assign,
+    plan_orders,
+    split_bytes,
+    spread_for,
+)
 
 THREE = [Endpoint("a", 1), Endpoint("b", 1), Endpoint("c", 1)]
 
@@ -96,6 +103,38 @@ def test_the_planner_spreads_tasks_by_bytes() -> None:
     assert split_bytes({"bytes": 7}) == 7
     assert split_bytes([{"bytes": 7}, {"bytes": 3}]) == 10
     assert split_bytes([{"bytes": 7}, {}]) is None
+
+
+def test_a_lost_hosts_tasks_move_to_every_survivor_not_to_the_next() -> None:
+    """The bench_scale kill (12 tasks, 6 at a time, 3 hosts): the lost host's tasks under
+    way (two at a time, consecutive in its list) each go to a different survivor. Each task's
+    process decides alone (nothing under way there): only the planner's order spreads them.
+    Before, both went to the host after the lost one: 4 tasks on one link, 2 on the other."""
+    orders = plan_orders([10] * 12, 3)
+    assert [o[0] for o in orders] == assign([10] * 12, 3)
+    assert all(sorted(o) == [0, 1, 2] for o in orders)  # every endpoint, each once
+    for lost in range(3):
+        moved = [o[1] for o in orders if o[0] == lost]
+        assert moved[0::2] == moved[0:1] * 2 and moved[1::2] == moved[1:2] * 2
+        assert sorted(set(moved)) == sorted({0, 1, 2} - {lost})
+        for order in orders:  # as each task's process picks, with its home avoided
+            spread = Spread(THREE)
+            spread.failed(order[0])
+            assert spread.pick(10, prefer=order) == order[1]
+    # by bytes, as the homes: what a lost host leaves differs by at most one task's bytes
+    rng = random.Random(3)
+    for n in (3, 4, 5):
+        sizes = [rng.randrange(1, 100) for _ in range(40)]
+        orders = plan_orders(sizes, n)
+        for lost in range(n):
+            moved = [0] * n
+            for size, order in zip(sizes, orders, strict=True):
+                if order[0] == lost:
+                    moved[order[1]] += size
+            del moved[lost]
+            assert max(moved) - min(moved) <= max(sizes)
+    assert plan_orders([5, 5], 1) == [(0,), (0,)]
+    assert plan_orders([5, 5], 2) == [(0, 1), (1, 0)]
 
 
 def test_one_spread_per_url_per_process() -> None:

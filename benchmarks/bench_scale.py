@@ -25,7 +25,7 @@ store. The Spark host (:mod:`benchmarks.scale_client`) measures:
   undisturbed and with a host SIGKILLed part-way: seconds, and the sink's ids exactly once.
 
     sudo .venv/bin/python -m benchmarks.bench_scale [--rows N] [--rate 100mbit] [--repeat K]
-        [--writers W] [--quick] [--json out.json]
+        [--writers W] [--quick] [--skip appends] [--skip stream] [--json out.json]
 """
 
 from __future__ import annotations
@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         "the limit; auto compresses where the network is)",
     )
     ap.add_argument("--quick", action="store_true", help="a smoke run: small, once")
+    ap.add_argument(
+        "--skip",
+        action="append",
+        choices=["appends", "stream"],
+        default=[],
+        help="leave a phase out (repeatable): to look at the reads and the kill mid-read alone",
+    )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--store", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -131,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 "kill_at",
                 "transport",
                 "compression",
+                "skip",
             )
         },
     }
@@ -234,12 +242,13 @@ def report(out: dict[str, Any]) -> None:
             f"  {r['endpoints']} host(s): {r['seconds']:6.2f} s {r['rows_per_s']:>12,.0f} rows/s "
             f"{r['rows_per_s'] / one['rows_per_s']:5.2f}x  shares {shares}  {_cpu(r)}"
         )
-    first = out["appends"][0]
-    print(
-        f"appends: {out['settings']['writers']} writers, {out['settings']['append_rows']:,} "
-        "rows each, group commit on"
-    )
+    if out["appends"]:
+        print(
+            f"appends: {out['settings']['writers']} writers, {out['settings']['append_rows']:,} "
+            "rows each, group commit on"
+        )
     for a in out["appends"]:
+        first = out["appends"][0]
         print(
             f"  {a['endpoints']} host(s): {a['commits_per_s']:6.2f} commits/s "
             f"{a['rows_per_s']:>10,.0f} rows/s {a['rows_per_s'] / first['rows_per_s']:5.2f}x  "
@@ -248,7 +257,8 @@ def report(out: dict[str, Any]) -> None:
     k = out["kill_read"]
     print(
         f"read, a host SIGKILLed: {k['seconds']:.2f} s = {k['vs_undisturbed']:.2f}x undisturbed; "
-        f"every row exactly once: {k['exactly_once']}; killed mid-way: {k['killed_mid_way']}"
+        f"every row exactly once: {k['exactly_once']}; killed mid-way: {k['killed_mid_way']}; "
+        f"shares {_shares(k, 'tx')}"
     )
     s = out["stream"]
     if "error" in s:

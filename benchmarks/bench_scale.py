@@ -25,7 +25,7 @@ store. The Spark host (:mod:`benchmarks.scale_client`) measures:
   undisturbed and with a host SIGKILLed part-way: seconds, and the sink's ids exactly once.
 
     sudo .venv/bin/python -m benchmarks.bench_scale [--rows N] [--rate 100mbit] [--repeat K]
-        [--writers W] [--quick] [--skip appends] [--skip stream] [--json out.json]
+        [--writers W] [--quick] [--skip PHASE ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ from benchmarks.realpath_link import ROOT, bridged_hosts, rate_bits, require_roo
 from benchmarks.scale_client import READY
 
 STORE_READY = "STORE_READY "
+PHASES = ("read", "appends", "kill", "stream")
+METRICS_PORT = 9464
+"""Each service host's Prometheus port: its requests' counts and seconds per operation."""
 
 
 def store_host(data_dir: str, ip: str) -> None:
@@ -97,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--skip",
         action="append",
-        choices=["appends", "stream"],
+        choices=PHASES,
         default=[],
-        help="leave a phase out (repeatable): to look at the reads and the kill mid-read alone",
+        help="leave a phase out (repeatable): --skip appends --skip stream looks at the reads "
+        "and the kill mid-read alone; --skip read --skip stream at the appends alone (no "
+        "Spark: about a minute); leaving out the reads leaves out the kill mid-read too",
     )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--store", nargs=2, help=argparse.SUPPRESS)
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.store:
         store_host(*args.store)
         return 0
+    skip = {*args.skip, *(["kill"] if "read" in args.skip else [])}
+    phases = [p for p in PHASES if p not in skip]
     if args.quick:
         args.rows, args.repeat, args.seconds = 300_000, 1, 4.0
         args.append_rows, args.stream_rows = 20_000, 40_000
@@ -138,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                 "kill_at",
                 "transport",
                 "compression",
-                "skip",
             )
         },
+        "phases": phases,
     }
     started = time.monotonic()
     names = ["store", "svc1", "svc2", "svc3", "spark"]
@@ -163,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             def serve_cmd(ip: str) -> list[str]:
                 cmd = ["-m", "aqueduct_spark.cli", "serve", "--root", root, "--host", ip]
                 cmd += ["--port", "4433", "--allow-anonymous", "--log-level", "warning"]
+                cmd += ["--metrics-port", str(METRICS_PORT)]
                 cmd += ["--cert", str(tls.cert_file), "--key", str(tls.key_file)]
                 for k, v in info["options"].items():
                     cmd += ["--storage-option", f"{k}={v}"]
@@ -181,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ns": host.ns,
                         "dev": host.dev,
                         "url": json.loads(banner)["url"],
+                        "metrics": f"http://{host.ip}:{METRICS_PORT}/metrics",
                         "pid": proc.pid,
                         "cmd": serve_cmd(host.ip),
                     }
@@ -188,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             fingerprint = json.loads(started_svcs[0][1])["fingerprint"]
             spec = {
                 **out["settings"],
+                "phases": phases,
                 "services": services,
                 "store_pid": info["pid"],
                 "fingerprint": fingerprint,
@@ -233,33 +243,40 @@ def report(out: dict[str, Any]) -> None:
         f"\nbench_scale: 3 service hosts, each link {out['rate']} ({rate:.1f} MB/s), "
         f"load {out['load_before']} -> {out['load_after']}, {out['wall_seconds']} s in all"
     )
-    ds = out["dataset"]
-    print(f"read: {ds['rows']:,} rows ({ds['parquet_bytes'] / 1e6:.0f} MB Parquet)")
-    one = out["reads"][0]
-    for r in out["reads"]:
-        shares = _shares(r, "tx")
-        print(
-            f"  {r['endpoints']} host(s): {r['seconds']:6.2f} s {r['rows_per_s']:>12,.0f} rows/s "
-            f"{r['rows_per_s'] / one['rows_per_s']:5.2f}x  shares {shares}  {_cpu(r)}"
-        )
-    if out["appends"]:
-        print(
-            f"appends: {out['settings']['writers']} writers, {out['settings']['append_rows']:,} "
-            "rows each, group commit on"
-        )
-    for a in out["appends"]:
+    if out.get("reads"):
+        ds = out["dataset"]
+        print(f"read: {ds['rows']:,} rows ({ds['parquet_bytes'] / 1e6:.0f} MB Parquet)")
+        one = out["reads"][0]
+        for r in out["reads"]:
+            shares = _shares(r, "tx")
+            print(
+                f"  {r['endpoints']} host(s): {r['seconds']:6.2f} s "
+                f"{r['rows_per_s']:>12,.0f} rows/s {r['rows_per_s'] / one['rows_per_s']:5.2f}x  "
+                f"shares {shares}  {_cpu(r)}"
+            )
+    if out.get("appends"):
         first = out["appends"][0]
         print(
-            f"  {a['endpoints']} host(s): {a['commits_per_s']:6.2f} commits/s "
-            f"{a['rows_per_s']:>10,.0f} rows/s {a['rows_per_s'] / first['rows_per_s']:5.2f}x  "
-            f"shares {_shares(a, 'rx')}  {_cpu(a)}"
+            f"appends: {out['settings']['writers']} writers, "
+            f"{out['settings']['append_rows']:,} rows each, group commit on"
         )
-    k = out["kill_read"]
-    print(
-        f"read, a host SIGKILLed: {k['seconds']:.2f} s = {k['vs_undisturbed']:.2f}x undisturbed; "
-        f"every row exactly once: {k['exactly_once']}; killed mid-way: {k['killed_mid_way']}; "
-        f"shares {_shares(k, 'tx')}"
-    )
+        for a in out["appends"]:
+            print(
+                f"  {a['endpoints']} host(s): {a['commits_per_s']:6.2f} commits/s "
+                f"{a['rows_per_s']:>10,.0f} rows/s {a['rows_per_s'] / first['rows_per_s']:5.2f}x  "
+                f"shares {_shares(a, 'rx')}  {_cpu(a)}"
+            )
+            if a.get("requests"):
+                print(f"      {_requests(a)}")
+    if "kill_read" in out:
+        k = out["kill_read"]
+        print(
+            f"read, a host SIGKILLed: {k['seconds']:.2f} s = {k['vs_undisturbed']:.2f}x "
+            f"undisturbed; every row exactly once: {k['exactly_once']}; killed mid-way: "
+            f"{k['killed_mid_way']}; shares {_shares(k, 'tx')}"
+        )
+    if "stream" not in out:
+        return
     s = out["stream"]
     if "error" in s:
         print(f"stream: failed ({s['error'][:300]})")
@@ -271,6 +288,19 @@ def report(out: dict[str, Any]) -> None:
         f"(Spark's Python worker start-up timeout): {s['undisturbed'].get('restarts', 0)} / "
         f"{s['kill'].get('restarts', 0)}; killed mid-way: {s['kill'].get('killed_mid_way')}"
     )
+
+
+def _requests(phase: dict[str, Any]) -> str:
+    """Per host: its commits, and the mean seconds of its begin, write and commit requests."""
+    parts = []
+    for name, ops in phase["requests"].items():
+        if not any(n for n, _ in ops.values()):
+            continue
+        means = " ".join(
+            f"{op} {s / n:.2f}" if n else f"{op} -" for op, (n, s) in sorted(ops.items())
+        )
+        parts.append(f"{name}: {ops.get('commit', (0, 0))[0]} commits, mean s {means}")
+    return "; ".join(parts)
 
 
 def _ratios(data: dict[str, Any]) -> tuple[float, float]:

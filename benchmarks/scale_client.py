@@ -33,6 +33,31 @@ def log(text: str) -> None:
     )
 
 
+OPS = ("begin", "write", "commit")
+"""The service requests of an append whose counts and seconds each phase reports per host."""
+
+
+def requests(url: str) -> dict[str, tuple[int, float]]:
+    """A service's requests so far (its ``/metrics``): count and seconds per :data:`OPS`."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    seen: dict[str, list[float]] = {op: [0, 0.0] for op in OPS}
+    for family in text_string_to_metric_families(text):
+        if family.name != "aqueduct_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            op = sample.labels.get("operation")
+            if op in seen and sample.name.endswith("_count"):
+                seen[op][0] = sample.value
+            elif op in seen and sample.name.endswith("_sum"):
+                seen[op][1] = sample.value
+    return {op: (int(n), s) for op, (n, s) in seen.items()}
+
+
 def machine_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine so far."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -56,6 +81,7 @@ class Hosts:
                 "tx": _counter(svc, "tx_bytes"),
                 "rx": _counter(svc, "rx_bytes"),
                 "cpu": tree_cpu(svc["pid"]),
+                "requests": _requests_or_none(svc),
             }
         snap["store_cpu"] = tree_cpu(self.store_pid)
         snap["spark_cpu"] = tree_cpu(os.getpid())
@@ -84,8 +110,24 @@ class Hosts:
             a, b = after[name], before[name]
             cost["cpu"][name] = a["cpu"] - b["cpu"]
             cost["hosts"][name] = {"tx": a["tx"] - b["tx"], "rx": a["rx"] - b["rx"]}
+            if a["requests"] is not None and b["requests"] is not None:
+                cost.setdefault("requests", {})[name] = {
+                    op: (
+                        a["requests"][op][0] - b["requests"][op][0],
+                        a["requests"][op][1] - b["requests"][op][1],
+                    )
+                    for op in OPS
+                }
         cost["cpu_share"] = sum(cost["cpu"].values()) / seconds / (os.cpu_count() or 1)
         return result, cost
+
+
+def _requests_or_none(svc: dict[str, Any]) -> dict[str, tuple[int, float]] | None:
+    """:func:`requests` of a service, None when it does not answer (a killed one)."""
+    try:
+        return requests(svc["metrics"])
+    except OSError:
+        return None
 
 
 def _counter(svc: dict[str, Any], name: str) -> int:
@@ -147,116 +189,126 @@ def main(spec: dict[str, Any]) -> None:
     client_opts: dict[str, Any] = {"tls": tls, "compression": spec["compression"]}
     if spec["transport"]:
         client_opts["transport"] = spec["transport"]
+    phases = spec["phases"]
     # four attempts per task, as spark.task.maxFailures gives a cluster (local[N] gives one)
-    spark = spark_session(master=f"local[{spec['slots']},4]")
+    spark: Any = None
+    if {"read", "stream"} & set(phases):
+        spark = spark_session(master=f"local[{spec['slots']},4]")
     out: dict[str, Any] = {"reads": [], "appends": []}
     rows = spec["rows"]
     want = expected(rows)
 
-    # -- the dataset ------------------------------------------------------------------------
-    name = "scale_read"
-    df = spark.range(0, rows, numPartitions=spec["tasks"]).selectExpr(
-        "id",
-        "cast(id as double) * 0.5 as x",
-        "concat('row-', cast(id as string)) as s",
-        "timestamp_micros(id + 1700000000000000) as ts",
-    )
-    log(f"writing {rows:,} rows in {spec['tasks']} tasks through 3 hosts")
-    _, cost = hosts.measure(
-        lambda: (
-            df.write.format("aqueduct")
-            .options(url=",".join(urls), **base)
-            .mode("overwrite")
-            .save(name)
+    if "read" in phases:
+        name = "scale_read"
+        df = spark.range(0, rows, numPartitions=spec["tasks"]).selectExpr(
+            "id",
+            "cast(id as double) * 0.5 as x",
+            "concat('row-', cast(id as string)) as s",
+            "timestamp_micros(id + 1700000000000000) as ts",
         )
-    )
-    out["write"] = cost
-    planned = Client(",".join(urls), **client_opts).plan(name)
-    split = planned.bytes // spec["tasks"] + 1
-    out["dataset"] = {"rows": rows, "parquet_bytes": planned.bytes, "arrow_bytes": rows * 39}
-
-    def read(k: int) -> Callable[[], tuple[int, int, int]]:
-        opts = {**base, "url": ",".join(urls[:k]), "splitSize": str(split)}
-
-        def run() -> tuple[int, int, int]:
-            r = (
-                spark.read.format("aqueduct")
-                .options(**opts)
-                .load(name)
-                .agg(
-                    F.count("*").alias("n"),
-                    F.sum("id").alias("s"),
-                    F.sum(F.pmod("id", F.lit(MOD)) * F.pmod("id", F.lit(MOD))).alias("q"),
-                )
-                .first()
+        log(f"writing {rows:,} rows in {spec['tasks']} tasks through 3 hosts")
+        _, cost = hosts.measure(
+            lambda: (
+                df.write.format("aqueduct")
+                .options(url=",".join(urls), **base)
+                .mode("overwrite")
+                .save(name)
             )
-            return int(r["n"]), int(r["s"]), int(r["q"])
+        )
+        out["write"] = cost
+        planned = Client(",".join(urls), **client_opts).plan(name)
+        split = planned.bytes // spec["tasks"] + 1
+        out["dataset"] = {"rows": rows, "parquet_bytes": planned.bytes, "arrow_bytes": rows * 39}
 
-        return run
+        def read(k: int) -> Callable[[], tuple[int, int, int]]:
+            opts = {**base, "url": ",".join(urls[:k]), "splitSize": str(split)}
 
-    read(3)()  # warm-up: the JVM, the Python workers, every connection
-    for k in (1, 2, 3):
-        samples = []
-        for _ in range(spec["repeat"]):
-            got, cost = hosts.measure(read(k))
-            assert got == want, f"read through {k} hosts: {got} != {want}"
-            samples.append(cost)
-        mid = sorted(samples, key=lambda c: c["seconds"])[len(samples) // 2]
-        mid["endpoints"] = k
-        mid["rows_per_s"] = rows / mid["seconds"]
-        out["reads"].append(mid)
-        log(f"read through {k}: {mid['seconds']:.2f} s, {mid['rows_per_s']:,.0f} rows/s")
+            def run() -> tuple[int, int, int]:
+                r = (
+                    spark.read.format("aqueduct")
+                    .options(**opts)
+                    .load(name)
+                    .agg(
+                        F.count("*").alias("n"),
+                        F.sum("id").alias("s"),
+                        F.sum(F.pmod("id", F.lit(MOD)) * F.pmod("id", F.lit(MOD))).alias("q"),
+                    )
+                    .first()
+                )
+                return int(r["n"]), int(r["s"]), int(r["q"])
 
-    # -- appends ----------------------------------------------------------------------------
-    import pyarrow as pa
+            return run
 
-    n = spec["append_rows"]
-    table = pa.table(
-        {
-            "id": pa.array(range(n), pa.int64()),
-            "x": pa.array([i * 0.5 for i in range(n)], pa.float64()),
-            "s": pa.array([f"row-{i}" for i in range(n)]),
-        }
-    )
+        read(3)()  # warm-up: the JVM, the Python workers, every connection
+        for k in (1, 2, 3):
+            samples = []
+            for _ in range(spec["repeat"]):
+                got, cost = hosts.measure(read(k))
+                assert got == want, f"read through {k} hosts: {got} != {want}"
+                samples.append(cost)
+            mid = sorted(samples, key=lambda c: c["seconds"])[len(samples) // 2]
+            mid["endpoints"] = k
+            mid["rows_per_s"] = rows / mid["seconds"]
+            out["reads"].append(mid)
+            log(f"read through {k}: {mid['seconds']:.2f} s, {mid['rows_per_s']:,.0f} rows/s")
 
-    def appends(k: int) -> Callable[[], dict[str, Any]]:
-        url = ",".join(urls[:k])
-        target = f"appends_{k}"
-        Client(url, **client_opts).create(target, table.schema, exist_ok=True)
+    if "appends" in phases:
+        import pyarrow as pa
 
-        def run() -> dict[str, Any]:
-            deadline = time.monotonic() + spec["seconds"]
-            done = [0] * spec["writers"]
-            errors: list[BaseException] = []
+        n = spec["append_rows"]
+        table = pa.table(
+            {
+                "id": pa.array(range(n), pa.int64()),
+                "x": pa.array([i * 0.5 for i in range(n)], pa.float64()),
+                "s": pa.array([f"row-{i}" for i in range(n)]),
+            }
+        )
 
-            def writer(w: int) -> None:
-                client = Client(url, **client_opts)
-                while time.monotonic() < deadline:
-                    try:
-                        client.append(target, table)
-                    except Exception as exc:
-                        errors.append(exc)
-                        return
-                    done[w] += 1
+        def appends(k: int) -> Callable[[], dict[str, Any]]:
+            url = ",".join(urls[:k])
+            target = f"appends_{k}"
+            Client(url, **client_opts).create(target, table.schema, exist_ok=True)
 
-            threads = [threading.Thread(target=writer, args=(w,)) for w in range(spec["writers"])]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
-            return {"commits": sum(done)}
+            def run() -> dict[str, Any]:
+                deadline = time.monotonic() + spec["seconds"]
+                done = [0] * spec["writers"]
+                errors: list[BaseException] = []
 
-        return run
+                def writer(w: int) -> None:
+                    client = Client(url, **client_opts)
+                    while time.monotonic() < deadline:
+                        try:
+                            client.append(target, table)
+                        except Exception as exc:
+                            errors.append(exc)
+                            return
+                        done[w] += 1
 
-    for k in () if "appends" in spec.get("skip", ()) else (1, 2, 3):
-        got, cost = hosts.measure(appends(k))
-        cost.update(got, endpoints=k, rows=got["commits"] * n)
-        cost["commits_per_s"] = got["commits"] / cost["seconds"]
-        cost["rows_per_s"] = cost["rows"] / cost["seconds"]
-        out["appends"].append(cost)
-        log(f"appends through {k}: {cost['commits_per_s']:.2f} commits/s")
+                threads = [
+                    threading.Thread(target=writer, args=(w,)) for w in range(spec["writers"])
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if errors:
+                    raise errors[0]
+                return {"commits": sum(done)}
+
+            return run
+
+        for k in (1, 2, 3):
+            check, run = Client(",".join(urls[:k]), **client_opts), appends(k)
+            before = _rows(check, f"appends_{k}")
+            got, cost = hosts.measure(run)
+            # every acknowledged append once: none lost, none doubled
+            landed = _rows(check, f"appends_{k}") - before
+            assert landed == got["commits"] * n, f"{landed} rows, {got['commits']} appends of {n}"
+            cost.update(got, endpoints=k, rows=got["commits"] * n)
+            cost["commits_per_s"] = got["commits"] / cost["seconds"]
+            cost["rows_per_s"] = cost["rows"] / cost["seconds"]
+            out["appends"].append(cost)
+            log(f"appends through {k}: {cost['commits_per_s']:.2f} commits/s")
 
     # -- a host killed mid-read, and mid-stream ---------------------------------------------
     victim = spec["services"][spec["kill"]]
@@ -270,31 +322,31 @@ def main(spec: dict[str, Any]) -> None:
         restarted.append(proc)
         victim["pid"] = proc.pid
 
-    undisturbed = out["reads"][2]["seconds"]
-    share = out["reads"][2]["hosts"][victim["name"]]["tx"]  # what the victim sends in a read
-    start = _counter(victim, "tx_bytes")
-    killer = kill_when(lambda: (_counter(victim, "tx_bytes") - start) / share)
-    got, cost = hosts.measure(read(3))
-    cost["killed_mid_way"] = killer.finish()
-    cost["exactly_once"] = got == want
-    cost["vs_undisturbed"] = cost["seconds"] / undisturbed
-    out["kill_read"] = cost
-    log(
-        f"read with a kill: {cost['seconds']:.2f} s ({cost['vs_undisturbed']:.2f}x), "
-        f"exactly once: {got == want}"
-    )
-    restart()
+    if "kill" in phases:
+        undisturbed = out["reads"][2]["seconds"]
+        share = out["reads"][2]["hosts"][victim["name"]]["tx"]  # what the victim sends in a read
+        start = _counter(victim, "tx_bytes")
+        killer = kill_when(lambda: (_counter(victim, "tx_bytes") - start) / share)
+        got, cost = hosts.measure(read(3))
+        cost["killed_mid_way"] = killer.finish()
+        cost["exactly_once"] = got == want
+        cost["vs_undisturbed"] = cost["seconds"] / undisturbed
+        out["kill_read"] = cost
+        log(
+            f"read with a kill: {cost['seconds']:.2f} s ({cost['vs_undisturbed']:.2f}x), "
+            f"exactly once: {got == want}"
+        )
+        restart()
 
     try:
-        if "stream" in spec.get("skip", ()):
-            out["stream"] = {"error": "skipped (--skip stream)"}
-        else:
+        if "stream" in phases:
             out["stream"] = stream(spark, spec, urls, base, client_opts, hosts, kill_when)
     except Exception as exc:  # the other figures stand; the report says what failed
         log(f"the stream phase failed: {exc}")
         out["stream"] = {"error": str(exc)[:2000]}
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
         for proc in restarted:
             stop(proc)
     print(READY + json.dumps(out), flush=True)

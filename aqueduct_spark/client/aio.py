@@ -5,7 +5,7 @@ endpoints in its URL, scans and writes are spread over them (:mod:`.spread`)."""
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -57,6 +57,19 @@ class AsyncClient(Reads, Writes, Subscriptions):
             return await super().write_task(txn, batches, task=task)
         size = sum(b.nbytes for b in batches) if isinstance(batches, list) else None
         return await self._spreader.write_task(txn, batches, task=task, prefer=endpoint, size=size)
+
+    async def _write_whole(
+        self,
+        begin: Callable[[Writes], Awaitable[Transaction]],
+        finish: Callable[[Writes, Transaction], Awaitable[dict[str, Any]]],
+        size: int,
+    ) -> dict[str, Any]:
+        """:meth:`Writes.write`'s begin, data and commit; with several endpoints, all three
+        at the one that can take the write soonest (so each process commits the writes it
+        received, and the commits of many writers spread with their data)."""
+        if self._spreader is None:
+            return await super()._write_whole(begin, finish, size)
+        return await self._spreader.write(begin, finish, size)
 
     async def close(self) -> None:
         if self._spreader is not None:

@@ -4,12 +4,15 @@ A URL such as ``quic://svc1:4433,quic://svc2:4433,quic://svc3:4433`` names proce
 serve one root. Requests about datasets (plan, begin, commit, describe...) go to the first
 that answers, in order (:mod:`.connecting`). The bulk of the bytes does not: each scan (a
 read task's splits) and each ``write_task`` (a writer's data) goes to the endpoint that can
-take it soonest, as this process sees it (:class:`Spread`):
+take it soonest, as this process sees it (:class:`Spread`), and so does a whole ``write``
+(its begin, data and commit: :meth:`Spreader.write`), so that each process commits the
+writes it received:
 
 - **least outstanding bytes**: each endpoint counts the bytes of the work this process has
   under way there (a scan's planned bytes; a write's size when known, else the mean of the
-  writes that finished), and the next piece goes where that sum, with the new piece, is
-  smallest. A host that moves bytes slower keeps its work longer, so it gets less;
+  writes that finished; a whole write's until its commit is answered), and the next piece
+  goes where that sum, with the new piece, is smallest. A host that moves bytes slower, or
+  commits slower, keeps its work longer, so it gets less;
 - **ties** (nothing under way, as in a Spark task's process at the start of each task) go to
   the endpoint the caller prefers (the planner's choice: the Spark reader assigns each task
   on the driver by the same rule, over the tasks' bytes), else to one picked at random, so
@@ -474,6 +477,38 @@ class Spreader:
                         lease.moved = counted.bytes
             self.spread.succeeded(index)
             return staged
+
+    async def write(
+        self,
+        begin: Callable[[Any], Awaitable[Transaction]],
+        finish: Callable[[Any, Transaction], Awaitable[T]],
+        size: int,
+    ) -> T:
+        """A whole write (``begin``, then ``finish``: its data and commit) at the endpoint
+        that can take it, counted there until its commit is answered: a process slow to
+        commit keeps its writes longer, so it gets fewer. On another endpoint if ``begin``
+        fails there (nothing is staged yet); a failure after that is the caller's."""
+        attempts = _Attempts(self, size, None)
+        while True:
+            index = await attempts.next()
+            client = self.client(index)
+            with self.spread.lease(index, size):
+                try:
+                    txn = await begin(client)
+                except Exception as exc:
+                    if classify(exc) not in _FAILOVER:
+                        raise
+                    self._failed(index, exc, "a write's begin")
+                    attempts.missed(index, exc)
+                    continue
+                try:
+                    result = await finish(client, txn)
+                except Exception as exc:
+                    if classify(exc) in _FAILOVER:
+                        self._failed(index, exc, "a write")
+                    raise
+            self.spread.succeeded(index)
+            return result
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

@@ -7,7 +7,15 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import pyarrow as pa
@@ -213,21 +221,38 @@ class Writes(Session):
             if not batches:
                 raise ValueError("no batches to write")
             schema = batches[0].schema
-        txn = await self.begin(
-            name,
-            schema,
-            mode=mode,
-            partition_by=partition_by,
-            merge_schema=merge_schema,
-            replace_where=replace_where,
-        )
-        try:
-            staged = await self.write_task(txn, batches)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await self.abort(txn)
-            raise
-        return await self.commit(txn, [staged], app_id=app_id, app_version=app_version)
+
+        async def begin(home: Writes) -> Transaction:
+            return await home.begin(
+                name,
+                schema,
+                mode=mode,
+                partition_by=partition_by,
+                merge_schema=merge_schema,
+                replace_where=replace_where,
+            )
+
+        async def finish(home: Writes, txn: Transaction) -> dict[str, Any]:
+            try:
+                staged = await home.write_task(txn, batches)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await home.abort(txn)
+                raise
+            return await home.commit(txn, [staged], app_id=app_id, app_version=app_version)
+
+        return await self._write_whole(begin, finish, sum(b.nbytes for b in batches))
+
+    async def _write_whole(
+        self,
+        begin: Callable[[Writes], Awaitable[Transaction]],
+        finish: Callable[[Writes, Transaction], Awaitable[dict[str, Any]]],
+        size: int,
+    ) -> dict[str, Any]:
+        """A whole write (:meth:`write`: its begin, then its data and commit) of ``size``
+        bytes, all at one service process: here. A client of several endpoints picks one
+        per write (:meth:`.spread.Spreader.write`)."""
+        return await finish(self, await begin(self))
 
     async def append(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:
         return await self.write(name, data, mode="append", **kw)

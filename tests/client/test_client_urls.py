@@ -258,3 +258,57 @@ def test_a_host_killed_mid_scan_is_left_at_once(
     assert sorted(got) == list(range(rows))  # every row exactly once
     assert "resuming after row 1000" in caplog.text  # cut after its first batch
     assert "no answer for" not in caplog.text  # known by the connection's end
+
+
+def _requests_ok(metrics_url: str) -> dict[str, float]:
+    """A service's requests answered ok so far, by operation (its ``/metrics``)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        s.labels["operation"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "aqueduct_requests"
+        for s in family.samples
+        if s.name == "aqueduct_requests_total" and s.labels.get("outcome") == "ok"
+    }
+
+
+def test_each_process_commits_the_writes_it_received(service: ServiceProcess) -> None:
+    """A second ``aqueduct serve`` over the module's root: appends through a URL naming a
+    dead endpoint and both processes each go whole (begin, data, commit) to one live
+    process, so both commit (the commits race for the log's versions across processes);
+    every row lands exactly once, none is lost."""
+    metrics = closed_port()
+    other = start_service(service.root, args=["--metrics-port", str(metrics)])
+    try:
+        url = f"quic://127.0.0.1:{closed_port()},{service.url},{other.url}"
+        config = ClientConfig(url, tls=ClientTLS(fingerprint=service.fingerprint), retries=1)
+        name = f"homes_{random.randrange(1 << 30)}"
+        writes = 6
+
+        async def run() -> list[int]:
+            async with AsyncClient(config) as client:
+                await client.create(name, pa.schema([("id", pa.int64())]))
+                done = await asyncio.gather(
+                    *(
+                        client.append(name, pa.table({"id": pa.array(range(i * 50, i * 50 + 50))}))
+                        for i in range(writes)
+                    )
+                )
+                assert all(d["committed"] for d in done)
+                table = await client.read(name)
+                return sorted(table.column("id").to_pylist())
+
+        before = _requests_ok(f"http://127.0.0.1:{metrics}/metrics")
+        assert asyncio.run(run()) == list(range(writes * 50))  # every row exactly once
+        after = _requests_ok(f"http://127.0.0.1:{metrics}/metrics")
+        there = {op: after.get(op, 0) - before.get(op, 0) for op in ("begin", "write", "commit")}
+        # the second process began, received and committed the same writes: some, not all
+        assert 0 < there["commit"] < writes, there
+        assert there["begin"] == there["write"] == there["commit"], there
+    finally:
+        other.stop()

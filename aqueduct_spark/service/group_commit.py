@@ -249,7 +249,7 @@ def commit_appends(
     for attempt in range(APPEND_ATTEMPTS):
         if failure is not None:
             time.sleep(backoff(attempt))
-        with tables.latest_state(name) as state:
+        with tables.latest_state(name, fresh=True) as state:
             status = _commit_batch(tables, name, state, batch, out, group_id)
         if isinstance(status, CommitFailedError):
             failure = status  # an append rebases onto anything: reload, check again, retry

@@ -138,59 +138,67 @@ class Operations:
         return plan.to_wire()
 
     def begin(self, req: dict[str, Any]) -> Any:
-        name = field(req, "dataset", str)
-        mode = field(req, "mode", str)
-        if mode not in ("append", "overwrite", "create"):
-            raise P.InvalidRequest(f"unknown write mode {mode!r}: use append, overwrite or create")
-        schema = P.schema_from_bytes(field(req, "schema", bytes))
-        target = self.store.check_schema(
-            name,
-            schema,
-            mode,
-            overwrite_schema=bool(req.get("overwrite_schema", False)),
-            merge_schema=bool(req.get("merge_schema", False)),
-            replace_where=field(req, "replace_where", str, None),
-        )
-        # version and partitioning from the one kept snapshot (check_schema just refreshed
-        # it: two file stats), not from listings of the log
-        snap = self.store.snapshot(name) if self.store.exists(name) else None
-        return {
-            "txn": uuid.uuid4().hex,
-            "schema": P.schema_to_bytes(target),
-            "version": None if snap is None else snap.version,
-            "partition_by": list(
-                tuple(field(req, "partition_by", list, [])) if snap is None else snap.partition_by
-            ),
-            "max_batch_bytes": self.max_batch_bytes,
-            "codecs": self.codecs,
-        }
+        # one look at the log for the whole request (Tables.one_look)
+        with self.store.one_look():
+            name = field(req, "dataset", str)
+            mode = field(req, "mode", str)
+            if mode not in ("append", "overwrite", "create"):
+                raise P.InvalidRequest(
+                    f"unknown write mode {mode!r}: use append, overwrite or create"
+                )
+            schema = P.schema_from_bytes(field(req, "schema", bytes))
+            target = self.store.check_schema(
+                name,
+                schema,
+                mode,
+                overwrite_schema=bool(req.get("overwrite_schema", False)),
+                merge_schema=bool(req.get("merge_schema", False)),
+                replace_where=field(req, "replace_where", str, None),
+            )
+            # version and partitioning from the one kept snapshot (check_schema just brought
+            # it to the latest version), not from listings of the log
+            snap = self.store.snapshot(name) if self.store.exists(name) else None
+            return {
+                "txn": uuid.uuid4().hex,
+                "schema": P.schema_to_bytes(target),
+                "version": None if snap is None else snap.version,
+                "partition_by": list(
+                    tuple(field(req, "partition_by", list, []))
+                    if snap is None
+                    else snap.partition_by
+                ),
+                "max_batch_bytes": self.max_batch_bytes,
+                "codecs": self.codecs,
+            }
 
     def commit(self, req: dict[str, Any]) -> Any:
-        staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]
-        name = field(req, "dataset", str)
-        self.store.validate_name(name)
-        finish = field(req, "finish", str, None)
-        if finish is not None:
-            staging.check_txn(finish)  # refused before anything is committed
-        self.transactions.before_commit(name, staged)  # an expired transaction is refused
-        result = self.store.commit(
-            name,
-            field(req, "mode", str),
-            P.schema_from_bytes(field(req, "schema", bytes)),
-            field(req, "partition_by", list, []),
-            staged,
-            app_id=field(req, "app_id", str, None),
-            app_version=field(req, "app_version", int, None),
-            overwrite_schema=bool(req.get("overwrite_schema", False)),
-            replaces=field(req, "replaces", int, None),
-            merge_schema=bool(req.get("merge_schema", False)),
-            replace_where=field(req, "replace_where", str, None),
-        )
-        self.transactions.committed(name, staged)
-        wire = result.to_wire()
-        if finish is not None:
-            wire["finishing"] = True  # the server runs finish() once it has answered
-        return wire
+        # one look at the log, but for the commit's own (Tables.one_look)
+        with self.store.one_look():
+            staged = [P.StagedFile.from_dict(d) for d in field(req, "staged", list)]
+            name = field(req, "dataset", str)
+            self.store.validate_name(name)
+            finish = field(req, "finish", str, None)
+            if finish is not None:
+                staging.check_txn(finish)  # refused before anything is committed
+            self.transactions.before_commit(name, staged)  # an expired transaction is refused
+            result = self.store.commit(
+                name,
+                field(req, "mode", str),
+                P.schema_from_bytes(field(req, "schema", bytes)),
+                field(req, "partition_by", list, []),
+                staged,
+                app_id=field(req, "app_id", str, None),
+                app_version=field(req, "app_version", int, None),
+                overwrite_schema=bool(req.get("overwrite_schema", False)),
+                replaces=field(req, "replaces", int, None),
+                merge_schema=bool(req.get("merge_schema", False)),
+                replace_where=field(req, "replace_where", str, None),
+            )
+            self.transactions.committed(name, staged)
+            wire = result.to_wire()
+            if finish is not None:
+                wire["finishing"] = True  # the server runs finish() once it has answered
+            return wire
 
     def finish(self, req: dict[str, Any], result: dict[str, Any]) -> int:
         """After a commit's answer, for one with ``finish``: what ``abort`` of that transaction

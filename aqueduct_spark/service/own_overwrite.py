@@ -51,7 +51,7 @@ def overwrite(
     put = delta_commit.putter(tables, name)
     if put is None:
         return None
-    with tables.latest_state(name) as state:
+    with tables.latest_state(name, fresh=True) as state:
         tail = state.tail
         assert tail is not None
         if tail.partition_by or delta_commit.blocker(tail) is not None:

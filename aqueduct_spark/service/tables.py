@@ -70,6 +70,8 @@ _FIRST = os.path.basename(delta_log.commit_path(0))
 
 
 _file_key = log_tail.file_key
+_looked = threading.local()
+"""``names``: the datasets whose log this thread's request looked at (:meth:`Tables.one_look`)."""
 
 
 def _utc(ts: dt.datetime) -> dt.datetime:
@@ -276,15 +278,26 @@ class Tables:
             self._states.move_to_end(name)
             return state
 
-    def _refresh(self, name: str, state: LatestState) -> log_tail.Tail:
+    def _refresh(self, name: str, state: LatestState, fresh: bool = False) -> log_tail.Tail:
         """Bring ``state``'s tail to the latest version (under its lock): the commits since,
         read from their files; a load of the table (one listing of the log) only the first
-        time, or when the log cannot tell (:mod:`.log_tail`)."""
+        time, or when the log cannot tell (:mod:`.log_tail`). Inside :meth:`one_look`, once
+        per dataset unless ``fresh``."""
+        looked: set[tuple[int, str]] | None = getattr(_looked, "names", None)
+        if (
+            looked is not None
+            and not fresh
+            and state.tail is not None
+            and (id(self), name) in looked
+        ):
+            return state.tail
         fs = self.filesystem(name)
         if state.tail is not None:
             try:
                 if log_tail.advance(state.tail, fs):
                     state.updates += 1
+                if looked is not None:
+                    looked.add((id(self), name))
                 return state.tail
             except (log_tail.Reload, OSError, ValueError, KeyError, TypeError, DeltaError):
                 pass
@@ -293,17 +306,37 @@ class Tables:
         state.loads += 1
         state.tail = log_tail.load(table, fs)
         state.table = table
+        if looked is not None:
+            looked.add((id(self), name))
         return state.tail
 
     @contextlib.contextmanager
-    def latest_state(self, name: str) -> Iterator[LatestState]:
+    def one_look(self) -> Iterator[None]:
+        """Within the block (one request's work, in this thread) each dataset's log is looked
+        at once: the first :meth:`exists`, :meth:`snapshot` or :meth:`latest_state` brings
+        its kept state to the latest version (about three object-store requests for each
+        time, which a begin and a commit each made twice or more), the later ones take that
+        version. A commit's own look (``latest_state(fresh=True)``) still asks, and its
+        put-if-absent of the next version fails whenever another commit came first."""
+        if getattr(_looked, "names", None) is not None:
+            yield
+            return
+        _looked.names = set()
+        try:
+            yield
+        finally:
+            _looked.names = None
+
+    @contextlib.contextmanager
+    def latest_state(self, name: str, *, fresh: bool = False) -> Iterator[LatestState]:
         """The kept state of dataset ``name``, its tail brought to the latest version, held
-        (its lock) for the ``with`` block: commits check and write under it. Whatever
-        breaks in the block, the state is loaded afresh next time."""
+        (its lock) for the ``with`` block: commits check and write under it (``fresh``:
+        looked at again even inside :meth:`one_look`). Whatever breaks in the block, the
+        state is loaded afresh next time."""
         self.validate_name(name)
         state = self._state(name)
         with state.lock:
-            self._refresh(name, state)
+            self._refresh(name, state, fresh)
             try:
                 yield state
             except BaseException:
@@ -390,6 +423,8 @@ class Tables:
         without a pointer, or no table) deltalake's test, which lists the whole log (20 ms
         at 1,000 versions locally, page after page on an object store: every request asks)."""
         self.validate_name(name)
+        if self._kept_and_looked(name):
+            return True
         local = self.local_dir(name)
         if local is not None:
             log = os.path.join(local, "_delta_log")
@@ -402,6 +437,25 @@ class Tables:
             if any(info.type == pafs.FileType.File for info in found):
                 return True
         return bool(DeltaTable.is_deltatable(self.uri(name), storage_options=self.delta_options()))
+
+    def _kept_and_looked(self, name: str) -> bool:
+        """Inside :meth:`one_look`: whether ``name``'s kept state is (now) at its latest
+        version, which says it exists (its commit file unchanged) without a stat more."""
+        looked: set[tuple[int, str]] | None = getattr(_looked, "names", None)
+        if looked is None:
+            return False
+        if (id(self), name) in looked:
+            return True
+        with self._lock:
+            state = self._states.get(name)
+        if state is None or state.tail is None:
+            return False
+        with state.lock:
+            try:
+                self._refresh(name, state)
+            except Exception:  # dropped, replaced, unreadable: the stats say
+                return False
+        return True
 
     def latest_version(self, name: str) -> int:
         """The latest version of dataset ``name``. From the state kept for it when there is

@@ -140,6 +140,32 @@ def test_several_processes_append_to_one_local_root(tmp_path: Path) -> None:
     assert store.snapshot("t").version == 20  # this process sees them all
 
 
+def test_a_request_looks_at_the_log_once_and_its_commit_still_sees_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside ``one_look`` (a begin's or a commit's request in the service) the exists,
+    schema and snapshot checks bring the kept tail forward once (on an object store each
+    look is three stats, two requests each); a commit in it still looks for itself, so an
+    append another process committed meanwhile is kept and the next version taken."""
+    a, b = Store(tmp_path), Store(tmp_path)  # two processes' views of one root
+    a.create("t", SCHEMA)
+    write(a, "t", rows(0, 2))
+    looks: list[int] = []
+    real = log_tail.advance
+    monkeypatch.setattr(log_tail, "advance", lambda tail, fs: looks.append(1) or real(tail, fs))
+    with a.one_look():
+        assert a.exists("t")
+        a.check_schema("t", SCHEMA, "append")
+        assert a.snapshot("t").version == 1
+        assert len(looks) == 1  # once, not three times
+        write(b, "t", rows(2, 2))  # version 2, through the other process
+        assert a.snapshot("t").version == 1  # this request's look stands
+        assert write(a, "t", rows(4, 2)).version == 3  # its commit found version 2
+    assert a.snapshot("t").version == 3  # a new request looks again
+    table = DeltaTable(a.uri("t"))
+    assert table.version() == 3 and ids_of(table.to_pyarrow_table()) == list(range(6))
+
+
 def test_checkpoints_come_every_interval(tmp_path: Path) -> None:
     store = Store(tmp_path)
     store.create("t", SCHEMA)

@@ -106,6 +106,12 @@ class Connection:
         self.peer: tuple[Any, ...] | None = None
         """The peer's address as the transport saw it first (host, port, ...); None when
         the transport has none (the in-memory pair)."""
+        self.unreachable_at: float | None = None
+        """When (``time.monotonic()``) the peer's host last said, after the handshake, that
+        nothing listens there any more (an ICMP destination unreachable, heard by a QUIC
+        client's connected socket: the service process died, its host is up). A hint, not a
+        verdict: QUIC ignores such errors once connected (anyone on the path can forge one),
+        and so does this connection; a client already waiting on it in silence may act."""
 
     # -- public ------------------------------------------------------------------------
 

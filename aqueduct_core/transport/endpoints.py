@@ -9,6 +9,7 @@ import logging
 import socket
 import ssl
 import tempfile
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -195,9 +196,12 @@ async def connect(
 
         def unreachable(exc: OSError) -> None:
             # Only before the handshake, where nothing else can tell a closed port from a
-            # slow server; afterwards QUIC's own timers judge (an ICMP error can be forged).
+            # slow server; afterwards QUIC's own timers judge (an ICMP error can be forged),
+            # and the connection only keeps it as a hint (Connection.unreachable_at).
             conn = protocol.conn
-            if (conn is None or not conn.handshake_confirmed) and not refused:
+            if conn is not None and conn.handshake_confirmed:
+                conn.unreachable_at = time.monotonic()
+            elif not refused:
                 refused.append(exc)
                 transport.close()
 

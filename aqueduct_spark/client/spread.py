@@ -25,11 +25,15 @@ writes it received:
   tried again; one success clears it. When every endpoint is being avoided, the one whose
   pause ends first is tried.
 
-A host that dies is noticed at once over TLS/TCP (the bulk lane's transport by default: its
-kernel resets the connection). QUIC ignores ICMP errors after the handshake (a forged one
+A service that dies is noticed at once over TLS/TCP (the bulk lane's transport by default:
+its kernel ends the connection). QUIC ignores ICMP errors after the handshake (a forged one
 could end a connection), so over QUIC, and for a host that hangs, a scan waiting on a
 connection that has answered nothing for :data:`STALL` seconds (no data, no reply to the
-pings sent while it is silent) moves on; a write waits for the transport's verdict.
+pings sent while it is silent) moves on; a write waits for the transport's verdict. Sooner,
+after :data:`PING_AFTER` s of such silence, when the host answered the pings with an ICMP
+unreachable (``Connection.unreachable_at``: the service process died, its host is up): the
+error alone proves nothing (anyone on the path can forge one, and the connection stays
+open), but with the silence it is the host's word; a forged one costs a resumed scan.
 
 A scan that loses its endpoint resumes on another from the first row it has not delivered (a
 pinned version's split reads the same rows in the same order on every process); a write is
@@ -383,6 +387,12 @@ class Spreader:
                 silent = time.monotonic() - last
                 if silent >= stall:
                     raise ConnectionLost(f"no answer for {stall:g} s")
+                told = conn.unreachable_at
+                if silent >= PING_AFTER and told is not None and told >= last:
+                    raise ConnectionLost(
+                        f"no answer for {silent:.1f} s, and its host says nothing listens "
+                        "there any more (ICMP unreachable)"
+                    )
                 if silent >= PING_AFTER:
                     client._nudge(conn)
         finally:

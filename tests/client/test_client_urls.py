@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import pyarrow as pa
 import pytest
@@ -209,33 +210,46 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
 
 
 @pytest.mark.quic
+@pytest.mark.parametrize(
+    ("transport", "told", "pause"),
+    [
+        ("auto", "the TCP connection closed", 0.0),  # scans go over TLS/TCP by default
+        ("quic", "its host says nothing listens there any more (ICMP unreachable)", 0.8),
+    ],
+)
 def test_a_host_killed_mid_scan_is_left_at_once(
-    service: ServiceProcess, caplog: pytest.LogCaptureFixture
+    service: ServiceProcess,
+    caplog: pytest.LogCaptureFixture,
+    transport: str,
+    told: str,
+    pause: float,
 ) -> None:
-    """The first endpoint is a host SIGKILLed while a scan streams through it: its kernel
-    ends the connection (scans go over TLS/TCP by default), so the scan moves at once, not
-    after STALL seconds of silence, to the endpoint the planner gave it next, and every row
-    arrives exactly once. The host is a TCP relay process in front of the service (a second
-    ``aqueduct serve`` would cost seconds to start; the client sees the same: a killed
-    process's sockets closed by its kernel). A small flow-control window keeps the service
-    from sending the scan ahead, so the kill cuts it after its first batch. A real service
-    SIGKILLed under Spark: tests/spark/test_scale_out.py (slow)."""
+    """The first endpoint is a host whose service is SIGKILLed while a scan streams from it:
+    its kernel says so (ends the TCP connection; answers QUIC's pings with ICMP port
+    unreachable), so the scan moves at once, not after STALL seconds of silence, to the
+    endpoint the planner gave it next, and every row arrives exactly once. Over QUIC the
+    host is first paused (SIGSTOP) for longer than the pings' interval: silent, but nothing
+    said, so the scan stays and goes on when it is back. The host is a
+    relay process in front of the service (a second ``aqueduct serve`` would cost seconds to
+    start; the client sees the same: a killed process's sockets closed by its kernel). A
+    small flow-control window keeps the service from sending the scan ahead, so the kill cuts
+    it after its third batch and the little that was in flight. A real service SIGKILLed under Spark: test_scale_out (slow)."""
     import os
     import signal
 
     from aqueduct_core.engine.config import EngineConfig
-    from aqueduct_core.testing.tcprelay import TCPRelay
+    from aqueduct_core.testing.relay import Relay
     from aqueduct_core.transport import TransportConfig
 
     rows = 30_000
     name = f"killed_{random.randrange(1 << 30)}"
     _client(service, service.url).write(name, pa.table({"id": pa.array(range(rows))}))
-    host = TCPRelay.start(service.port)
+    host = Relay.start(service.port)
     config = ClientConfig(
-        f"tcp://127.0.0.1:{host.port},{service.url}",
+        f"quic://127.0.0.1:{host.port},{service.url}",
         tls=ClientTLS(fingerprint=service.fingerprint),
         token=service.token,
-        transport=TransportConfig(engine=EngineConfig(flow_window=16 * 1024)),
+        transport=TransportConfig(transport=transport, engine=EngineConfig(flow_window=16 * 1024)),
     )
 
     async def run() -> list[int]:
@@ -245,7 +259,12 @@ def test_a_host_killed_mid_scan_is_left_at_once(
             async for batch in client.scan(
                 plan.splits[0], schema=plan.schema, batch_rows=1_000, endpoint=(0, 1)
             ):
-                if not got:
+                if not got and pause:  # a pause (a GC, a loaded machine): no cause to move
+                    os.kill(host.proc.pid, signal.SIGSTOP)
+                    asyncio.get_running_loop().call_later(
+                        pause, os.kill, host.proc.pid, signal.SIGCONT
+                    )
+                if len(got) == 2_000:
                     os.kill(host.proc.pid, signal.SIGKILL)
                 got += batch.column("id").to_pylist()
             assert spread_for(client._endpoints).avoided() == [True, False]
@@ -256,8 +275,10 @@ def test_a_host_killed_mid_scan_is_left_at_once(
     finally:
         host.stop()
     assert sorted(got) == list(range(rows))  # every row exactly once
-    assert "resuming after row 1000" in caplog.text  # cut after its first batch
-    assert "no answer for" not in caplog.text  # known by the connection's end
+    assert caplog.text.count("failed (") == 1  # moved once: on the kill, not the pause
+    cut = re.search(r"resuming after row (\d+)", caplog.text)
+    assert cut is not None and 3_000 <= int(cut[1]) < rows  # cut, with what was in flight
+    assert told in caplog.text  # known by the host's word, not by STALL s of silence
 
 
 def _requests_ok(metrics_url: str) -> dict[str, float]:

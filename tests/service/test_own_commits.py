@@ -166,6 +166,29 @@ def test_a_request_looks_at_the_log_once_and_its_commit_still_sees_others(
     assert table.version() == 3 and ids_of(table.to_pyarrow_table()) == list(range(6))
 
 
+def test_an_object_stores_stats_go_out_at_once() -> None:
+    """The tail's look is three stats; on an object store (deltalake's filesystem stats one
+    path after another, each a LIST and a HEAD) they go out together: one wait, not three."""
+    import threading
+
+    import pyarrow.fs as pafs
+
+    together = threading.Barrier(3, timeout=10)  # passed only by three stats at once
+
+    def get_file_info(self: Any, paths: list[str]) -> list[pafs.FileInfo]:
+        together.wait()
+        return [pafs.FileInfo(p, pafs.FileType.NotFound) for p in paths]
+
+    def unused(*_: Any) -> Any:
+        raise NotImplementedError
+
+    methods: dict[str, Any] = dict.fromkeys(pafs.FileSystemHandler.__abstractmethods__, unused)
+    store = type("Store", (pafs.FileSystemHandler,), {**methods, "get_file_info": get_file_info})
+    paths = ["_delta_log/00000000000000000007.json", "_delta_log/00000000000000000008.json"]
+    infos = log_tail.stats(pafs.PyFileSystem(store()), [*paths, log_tail.LAST_CHECKPOINT])
+    assert [i.path for i in infos] == [*paths, log_tail.LAST_CHECKPOINT]  # in order
+
+
 def test_checkpoints_come_every_interval(tmp_path: Path) -> None:
     store = Store(tmp_path)
     store.create("t", SCHEMA)

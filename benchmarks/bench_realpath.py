@@ -202,6 +202,23 @@ def print_table(results: dict[str, Any]) -> None:
             )
 
 
+def print_auto(results: dict[str, Any]) -> None:
+    """What ``compression=auto`` does against ``none`` on the same transport, in one run:
+    the time ratio (above 1: auto faster) and each end's CPU per GB."""
+    for row in results["runs"]:
+        v = row["variants"]
+        for auto, none in (("aqueduct", "aqueduct-none"), ("aqueduct-tcp", "aqueduct-tcp-none")):
+            if auto in v and none in v:
+                a, n = v[auto], v[none]
+                print(
+                    f"{row.get('table', 'bench')} {row.get('rate') or 'unshaped'}: {auto} / "
+                    f"{none} {n['seconds'] / a['seconds']:.2f}x the speed, wire "
+                    f"{a['wire_bytes'] / max(n['wire_bytes'], 1):.2f}x, CPU s/GB client "
+                    f"{a['client_cpu_per_GB']:.2f} / {n['client_cpu_per_GB']:.2f}, server "
+                    f"{a['server_cpu_per_GB']:.2f} / {n['server_cpu_per_GB']:.2f}"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -314,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             link.set_rate(None)
         results["load_after"] = [round(x, 1) for x in os.getloadavg()]
     print_table(results)
+    print_auto(results)
     print(
         f"({args.rows:,} rows per table, median of {args.repeat}; every variant's warm-up "
         "read was checked; vs Fl: against Flight, vs Fz: against Flight with zstd; wire: "

@@ -210,6 +210,11 @@ def _variants() -> dict[str, Variant]:
     }
     qh3 = aqueduct_serve("qh3")
     found["aqueduct"] = Variant("aqueduct", "aqueduct", qh3, aqueduct_read(None, "auto", None))
+    # the default transport without compression: what compression=auto costs where it sends
+    # nothing compressed (unshaped) is aqueduct against this one
+    found["aqueduct-none"] = Variant(
+        "aqueduct-none", "aqueduct", qh3, aqueduct_read(None, "auto", "none")
+    )
     for compression in (None, "none", "lz4", "zstd"):
         name = "aqueduct-tcp" + (f"-{compression}" if compression else "")
         found[name] = Variant(name, "aqueduct", qh3, aqueduct_read("tcp", "auto", compression))
@@ -238,7 +243,7 @@ def _variants() -> dict[str, Variant]:
 
 VARIANTS = _variants()
 """Every variant. ``aqueduct`` is the client with every default (transport, compression);
-``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
+``aqueduct-none`` the default transport without compression; ``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
 ``-aioquic`` over QUIC; ``-copies`` the same client settings with the copying data path of
 before issue 28 at both ends (``benchmarks/realpath_oldpath.py``). ``flight`` is the project's Flight server, ``flight-plain`` the plain
 one users would write (the faster of the two is the baseline), ``flight-zstd`` the plain one

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .errors import InvalidRequest
@@ -172,23 +172,30 @@ class _Rates:
 
     @property
     def speed(self) -> float:
-        """Arrow bytes encoded per second of the sender's thread."""
+        """Arrow bytes encoded per second of the sender's thread (pyarrow spreads one
+        batch's buffers over its own threads: wall time, so that counts)."""
         return self.arrow / self.seconds if self.seconds > 0 else float("inf")
 
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
-    """What ``auto`` knows when it decides: the link's rate while it was the limit, and for
-    each codec its ratio (wire bytes per Arrow byte) and the sender's rate with it."""
+    """What ``auto`` knows when it decides: the link's rate while it was the limit, for
+    each codec its ratio (wire bytes per Arrow byte) and the sender's rate with it, and the
+    Arrow bytes per second each codec really delivered on this path lately (``delivered``:
+    the reader's CPU, the machine's other work and everything a model leaves out)."""
 
     link: float
     ratios: dict[str, float]
     sender: dict[str, float]
+    delivered: dict[str, float] = field(default_factory=dict)
 
     def rate(self, codec: str) -> float:
-        """Arrow bytes per second the path would carry with ``codec``: the link's rate over
-        the codec's ratio, or the sender's own rate with the codec if that is lower (the
-        codec runs beside the network, on the sender's thread)."""
+        """Arrow bytes per second the path would carry with ``codec``: what it delivered
+        lately if it was measured; else the link's rate over the codec's ratio, or the
+        sender's own rate with the codec if that is lower (the codec runs beside the
+        network, on the sender's thread)."""
+        if codec in self.delivered:
+            return self.delivered[codec]
         if codec == "none":
             return min(self.link, self.sender.get("none", float("inf")))
         return min(self.link / max(self.ratios[codec], 1e-6), self.sender[codec])
@@ -197,48 +204,43 @@ class Estimate:
 def choose(
     current: str, reading: PathReading, arrow_rate: float, estimate: Estimate, margin: float
 ) -> str:
-    """The codec for the next interval, from one interval's reading (a pure function).
+    """The codec for the next interval, from one interval's reading (a pure function): the
+    one expected to deliver the most Arrow bytes per second (:meth:`Estimate.rate`; the
+    current codec at ``arrow_rate``, what it moved in this interval, when the network was
+    not the limit), if it beats the current one by more than ``margin``.
 
-    - The network was the limit: the codec with the highest predicted rate
-      (:meth:`Estimate.rate`), if it beats the current one by more than ``margin``.
-    - It was not (our CPU, the reader's, or the application was), and no codec is in use:
-      stay uncompressed; compressing would only add work where the work is the limit.
-    - It was not, and a codec is in use: keep it while the Arrow bytes it moves per second
-      (``arrow_rate``) beat the link's uncompressed rate by ``margin``; otherwise a cheaper
-      codec that is predicted to, or none.
+    Uncompressed, and the network not the limit (our CPU, the reader's, or the application
+    was): it stays so; compressing would only add work where the work is the limit.
     """
-    if reading.link_limited:
-        best = max(estimate.ratios, key=estimate.rate, default=current)
-        if estimate.rate(best) > estimate.rate(current) * (1 + margin):
-            return best
-        return current
-    if current == "none" or arrow_rate > estimate.link * (1 + margin):
-        return current
-    cheaper = [
-        c
-        for c in estimate.ratios
-        if c != current and estimate.sender[c] > estimate.sender.get(current, 0.0)
-    ]
-    for codec in sorted(cheaper, key=estimate.rate, reverse=True):
-        if estimate.rate(codec) > estimate.link * (1 + margin):
-            return codec
-    return "none"
+    if current == "none" and not reading.link_limited:
+        return "none"
+    rates = {c: estimate.rate(c) for c in ("none", *estimate.ratios)}
+    if not reading.link_limited:
+        rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
+    best = max(rates, key=lambda c: rates[c])
+    if best != current and rates[best] > rates.get(current, 0.0) * (1 + margin):
+        return best
+    return current
 
 
 @dataclass
 class AutoCompression:
     """``auto`` for one connection's data channels in one direction: asked for a codec per
     batch (:meth:`codec`), told what each batch cost (:meth:`sent`) and what the transport
-    measured (:meth:`path`), it decides once per ``interval``:
+    measured (:meth:`path`, when :meth:`due`), it decides once per ``interval``:
 
     - uncompressed, as long as the network is not the limit (an interval where data waited
-      to go out nearly all the time, not held back by the reader's window);
+      to go out nearly all the time, not held back by the reader's window); until it has
+      been, a batch costs two additions and the transport is sampled once per interval;
     - once it is, one batch is compressed with each offered codec it has not measured (or
       not for ``revisit`` seconds): its ratio and speed on this data;
-    - then the codec predicted to move the most Arrow bytes per second (the link's rate over
-      the ratio, capped by how fast the sender encodes), if it gains more than ``margin``,
-      agreed by ``settle`` intervals in a row; and back (or to a cheaper codec) when a codec
-      no longer beats the link's uncompressed rate, the CPU having become the limit.
+    - then the codec expected to deliver the most Arrow bytes per second: what it delivered
+      on this path in the last ``revisit`` seconds, or for a codec not tried lately the
+      link's rate over its ratio, capped by how fast the sender encodes with it. A switch
+      must gain more than ``margin``; between codecs, or back to none, it must be agreed by
+      ``settle`` intervals in a row (leaving none for a codec the link asks for is at once).
+      A codec tried on a model's promise that delivers less goes back, and is not tried
+      again until its measurement is ``revisit`` seconds old.
 
     Sans-IO: the caller passes the clock and the transport's samples.
     """
@@ -257,10 +259,15 @@ class AutoCompression:
     switches: int = 0
     _rates: dict[str, _Rates] = field(default_factory=dict)
     _other: _Rates = field(default_factory=_Rates)
+    _delivered: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per codec: Arrow bytes/s it delivered over whole intervals (decaying), and when."""
     _probe: list[str] = field(default_factory=list)
     _last: PathSample | None = None
+    _due: float = float("-inf")
     _arrow: int = 0
     _wire: int = 0
+    _mixed: bool = True
+    """Whether the interval being measured carried another codec than ``current``."""
     _votes: int = 0
     _wanted: str = "none"
 
@@ -278,12 +285,21 @@ class AutoCompression:
         """One batch went out with ``codec``: ``arrow`` bytes of Arrow data as ``wire`` bytes,
         ``encode`` seconds of encoding, ``work`` seconds of the sender's thread for it in all
         (reading and decoding the data included)."""
-        self._rates.setdefault(codec, _Rates()).add(arrow, wire, encode, now, self.keep)
-        self._other.add(arrow, 0, max(work - encode, 0.0), now, self.keep)
         self._arrow += arrow
         self._wire += wire
+        if codec != self.current:
+            self._mixed = True
+        if self.link is None and not self._probe:
+            return  # the network was never the limit: nothing below would be used
+        self._rates.setdefault(codec, _Rates()).add(arrow, wire, encode, now, self.keep)
+        self._other.add(arrow, 0, max(work - encode, 0.0), now, self.keep)
         if self._probe and self._probe[0] == codec:
             self._probe.pop(0)
+
+    def due(self, now: float) -> bool:
+        """Whether to sample the transport now (:meth:`path`): once per ``interval``, so a
+        batch costs no system call in between."""
+        return now >= self._due
 
     def path(self, sample: PathSample | None, now: float) -> bool:
         """A sample of the transport's counters; True if the codec changed (decisions are
@@ -296,25 +312,35 @@ class AutoCompression:
         if last is None or sample.at - last.at < self.interval:
             if last is None:
                 self._last = sample
+                self._due = now + self.interval
             return False
         self._last = sample
-        arrow, wire = self._arrow, self._wire
+        self._due = now + self.interval
+        arrow, wire, mixed = self._arrow, self._wire, self._mixed
         self._arrow = self._wire = 0
+        self._mixed = False
         reading = PathReading.between(last, sample)
         if reading is None or not wire:
             return False  # nothing of ours went out: the interval tells nothing
+        arrow_rate = reading.delivered * arrow / wire / reading.seconds
         if reading.link_limited:
             self.link, self.link_at = reading.link_rate, now
             if self._probe_due(now):
                 return False
         if self.link is None:
             return False  # never limited by the network: nothing to gain
+        if not mixed:
+            self._measured(self.current, arrow_rate, now)
         if self.current != "none" and now - self.link_at > self.revisit:
             wanted = "none"  # compressing for long with the CPU the limit: is the link still slow?
         else:
-            arrow_rate = reading.delivered * arrow / wire / reading.seconds
-            wanted = choose(self.current, reading, arrow_rate, self._estimate(), self.margin)
+            wanted = choose(self.current, reading, arrow_rate, self._estimate(now), self.margin)
         return self._vote(wanted)
+
+    def _measured(self, codec: str, rate: float, now: float) -> None:
+        old = self._delivered.get(codec)
+        fresh = old is not None and now - old[1] <= self.revisit
+        self._delivered[codec] = ((old[0] + rate) / 2 if fresh and old else rate, now)
 
     def _probe_due(self, now: float) -> bool:
         """Queue one compressed batch of each codec not measured lately."""
@@ -324,12 +350,17 @@ class AutoCompression:
         self._probe = [c for c in stale if c not in self._probe] + self._probe
         return bool(self._probe)
 
-    def _estimate(self) -> Estimate:
+    def _estimate(self, now: float) -> Estimate:
         other = self._other.seconds / self._other.arrow if self._other.arrow else 0.0
         measured = {c: r for c, r in self._rates.items() if c in (*self.codecs, "none")}
         sender = {c: 1 / (other + 1 / r.speed) if r.speed > 0 else 0.0 for c, r in measured.items()}
         ratios = {c: r.ratio for c, r in measured.items() if c != "none"}
-        return Estimate(self.link or 0.0, ratios, sender)
+        delivered = {
+            c: rate
+            for c, (rate, at) in self._delivered.items()
+            if now - at <= self.revisit and (c == "none" or c in ratios)
+        }
+        return Estimate(self.link or 0.0, ratios, sender, delivered)
 
     def _vote(self, wanted: str) -> bool:
         if wanted == self.current:
@@ -337,8 +368,24 @@ class AutoCompression:
             return False
         self._votes = self._votes + 1 if wanted == self._wanted else 1
         self._wanted = wanted
-        if self._votes < self.settle:
+        if self._votes < self.settle and self.current != "none":
             return False
         self.current, self._votes = wanted, 0
+        self._mixed = True
         self.switches += 1
         return True
+
+    def seeded(self, codecs: Sequence[str], now: float) -> AutoCompression:
+        """A policy for a new connection over the same path (the same peer host): what this
+        one measured, if the network was the limit within ``revisit`` seconds; its first
+        batches go out as this one's last did."""
+        new = AutoCompression(codecs)
+        stale = self.link is None or now - self.link_at > self.revisit
+        if stale or tuple(codecs) != tuple(self.codecs):
+            return new
+        new.current = self.current if self.current in (*codecs, "none") else "none"
+        new.link, new.link_at = self.link, self.link_at
+        new._rates = {c: replace(r) for c, r in self._rates.items()}
+        new._other = replace(self._other)
+        new._delivered = dict(self._delivered)
+        return new

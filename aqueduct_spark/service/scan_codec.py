@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,7 @@ class ScanCodec:
             return
         now = time.monotonic()
         policy.sent(item.codec, item.arrow, len(item.payload), item.encode, work, now)
-        if policy.path(conn.path(), now):
+        if policy.due(now) and policy.path(conn.path(), now):
             mb = (policy.link or 0) / 1e6
             log.debug(
                 "compression for %s now %s (link %.0f MB/s while it was the limit)",
@@ -88,8 +89,15 @@ class ScanCodec:
             )
 
 
+PEERS = 256
+"""Client hosts whose last ``auto`` state the service keeps for their next connection."""
+
+
 class ConnectionCodecs:
-    """The ``auto`` state of each open connection (dropped with the connection)."""
+    """The ``auto`` state of each open connection (dropped with the connection), and of
+    the last connection from each of the :data:`PEERS` most recent client hosts: a new
+    connection from one starts from what the last one measured while that is fresh (the
+    policy's ``revisit``), as a Spark executor's next task reads over the same path."""
 
     def __init__(self, setting: P.Compression) -> None:
         self.setting = setting
@@ -97,6 +105,18 @@ class ConnectionCodecs:
         self._auto: weakref.WeakKeyDictionary[Connection, P.AutoCompression] = (
             weakref.WeakKeyDictionary()
         )
+        self._hosts: OrderedDict[Any, P.AutoCompression] = OrderedDict()
+
+    def _new(self, conn: Connection, codecs: tuple[str, ...]) -> P.AutoCompression:
+        host = conn.peer[0] if conn.peer else None
+        last = self._hosts.pop(host, None) if host is not None else None
+        now = time.monotonic()
+        policy = last.seeded(codecs, now) if last is not None else P.AutoCompression(codecs)
+        if host is not None:
+            self._hosts[host] = policy
+            while len(self._hosts) > PEERS:
+                self._hosts.popitem(last=False)
+        return policy
 
     def for_scan(self, out: Sender, conn: Connection | None) -> ScanCodec:
         """The codec choice for a scan whose reader sent ``out``'s headers."""
@@ -111,7 +131,7 @@ class ConnectionCodecs:
             return ScanCodec(P.Compression("none"), None)
         policy = self._auto.get(conn)
         if policy is None or tuple(policy.codecs) != codecs:
-            policy = self._auto[conn] = P.AutoCompression(codecs)
+            policy = self._auto[conn] = self._new(conn, codecs)
         return ScanCodec(fixed, policy)
 
     def accepted(self) -> list[str]:

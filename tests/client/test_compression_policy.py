@@ -177,3 +177,74 @@ def test_auto_without_measurements_sends_uncompressed() -> None:
         policy.sent(policy.codec(), MB, MB, 0.001, 0.002, 0.0)
         assert not policy.path(None, 0.0)
     assert policy.codec() == "none"
+
+
+class Path2:
+    """A path where each codec has a true rate: a batch takes the longer of its wire bytes
+    over the link and its Arrow bytes over ``cpu[codec]`` (the sender's and the reader's
+    work, which the sender's model does not see); the link is busy for its share of that."""
+
+    def __init__(self, link: float, ratios: dict[str, float], cpu: dict[str, float]) -> None:
+        self.link, self.ratios, self.cpu = link, ratios, cpu
+        self.sample = PathSample(0.0, 0, 0.0, 0.0)
+        self.arrow = 0.0
+
+    def batch(self, policy: AutoCompression, encode: dict[str, float]) -> str:
+        codec = policy.codec()
+        wire = int(2 * MB * self.ratios[codec])
+        on_link, on_cpu = wire / self.link, 2 * MB / self.cpu[codec]
+        seconds = max(on_link, on_cpu)
+        s = self.sample
+        self.sample = PathSample(s.at + seconds, s.delivered + wire, s.busy + on_link, 0.0)
+        self.arrow += 2 * MB
+        took = 2 * MB / encode[codec]
+        policy.sent(codec, 2 * MB, wire, took, took + 0.001, self.sample.at)
+        if policy.due(self.sample.at):
+            policy.path(self.sample, self.sample.at)
+        return codec
+
+
+RATIOS = {"none": 1.0, "lz4": 0.55, "zstd": 0.16}
+ENCODE = {"none": 10_000 * MB, "lz4": 900 * MB, "zstd": 450 * MB}
+
+
+def test_at_a_gigabit_a_table_that_zstd_shrinks_six_fold_gets_zstd() -> None:
+    # 118 MB/s of wire: lz4 is link-bound at 215 MB/s of Arrow, zstd CPU-bound at 300
+    path = Path2(118 * MB, RATIOS, {"none": 600 * MB, "lz4": 500 * MB, "zstd": 300 * MB})
+    policy = AutoCompression()
+    used = [path.batch(policy, ENCODE) for _ in range(400)]
+    assert used[-50:] == ["zstd"] * 50
+
+
+def test_a_codec_that_delivers_less_than_promised_gives_way_and_is_not_retried_soon() -> None:
+    # the model promises zstd 300 MB/s (fast encoder), but the reader decodes zstd at 150:
+    # lz4's 215 MB/s (link-bound) is what this path really moves best
+    path = Path2(118 * MB, RATIOS, {"none": 600 * MB, "lz4": 500 * MB, "zstd": 150 * MB})
+    policy = AutoCompression()
+    used = [path.batch(policy, ENCODE) for _ in range(600)]
+    assert "zstd" in used[:200]  # tried on the model's word
+    assert used[-300:] == ["lz4"] * 300  # measured, dropped, not flapping back
+    assert policy.switches <= 4
+
+
+def test_unshaped_nothing_is_compressed_and_the_path_is_sampled_once_per_interval() -> None:
+    # a fast link: the CPU is the limit, never the network
+    path = Path2(2000 * MB, RATIOS, {"none": 400 * MB, "lz4": 300 * MB, "zstd": 150 * MB})
+    policy = AutoCompression()
+    samples = 0
+    for _ in range(1000):  # 5 s of batches, 5 ms each
+        codec = path.batch(policy, ENCODE)
+        assert codec == "none"
+        samples += policy._last is not None and policy._last.at == path.sample.at
+    assert samples <= 5 / policy.interval + 2
+
+
+def test_a_new_connection_from_the_same_host_starts_where_the_last_one_left() -> None:
+    path = Path2(118 * MB, RATIOS, {"none": 600 * MB, "lz4": 500 * MB, "zstd": 300 * MB})
+    policy = AutoCompression()
+    for _ in range(300):
+        path.batch(policy, ENCODE)
+    now = path.sample.at
+    assert policy.seeded(P.CODECS, now + 1).codec() == policy.current != "none"
+    assert policy.seeded(P.CODECS, now + 60).codec() == "none"  # stale: measured again
+    assert policy.seeded(("lz4",), now + 1).codec() == "none"  # another offer

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--client", action="store_true", help="profile the client too")
     parser.add_argument("--packet-size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--no-perf", action="store_true", help="CPU figures only")
     args = parser.parse_args(argv)
     reason = require_root("profiling a real-path read")
     if reason:
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="aqueduct-profile-") as tmp:
         root = Path(tmp) / "root"
+        args.service_log = Path(tmp) / "service.log"
         expect = make_table(root, args.table, args.rows)
         with veth_link() as link:
             link.set_rate(args.rate)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     proc, _ = session.servers[VARIANTS[name].server]
                     data = Path(tmp) / f"{name}.server.perf"
                     cdata = Path(tmp) / f"{name}.client.perf"
-                    perf = perf_start(proc.pid, data)
+                    perf = None if args.no_perf else perf_start(proc.pid, data)
                     cperf = perf_start(session.client.pid, cdata) if args.client else None
                     time.sleep(0.5)
                     for _ in range(args.reads):
@@ -107,14 +110,17 @@ def main(argv: list[str] | None = None) -> int:
                         figures.setdefault(name, []).append(
                             (r["seconds"], r["cpu"] / gb, r["server_cpu"] / gb)
                         )
-                    perf_stop(perf)
+                    if perf is not None:
+                        perf_stop(perf)
+                        print(f"\n== {name}: server (perf, {args.reads} reads)")
+                        print(report(data, args.top))
                     if cperf is not None:
                         perf_stop(cperf)
-                    print(f"\n== {name}: server (perf, {args.reads} reads)")
-                    print(report(data, args.top))
                     if cperf is not None:
                         print(f"\n== {name}: client")
                         print(report(cdata, args.top))
+                codecs = re.findall(r"op=scan .*?(compression=\S+)", args.service_log.read_text())
+                print("\nthe service's scans, in order (batches per codec):", *codecs, sep="\n  ")
                 print(f"\n{'variant':20} {'s':>6} {'cli s/GB':>9} {'srv s/GB':>9}  (each read)")
                 for name, rows in figures.items():
                     for s, c, sv in rows:

@@ -155,11 +155,18 @@ def aqueduct_serve(backend: str, old: bool = False) -> Serve:
         cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
         # a veth pair between two private namespaces: no one else can reach it, and Flight
         # runs without a token too (serve refuses a non-loopback host without one otherwise)
-        cmd += ["--allow-anonymous", "--log-level", "warning"]
+        # ``args.service_log`` (realpath_profile): the access lines go there (a scan's line
+        # says which codec each of its batches went with)
+        log = getattr(args, "service_log", None)
+        cmd += ["--allow-anonymous", "--log-level", "info" if log else "warning"]
         cmd += ["--cert", certs["cert"], "--key", certs["key"]]
         if args.packet_size:
             cmd += ["--packet-size", str(args.packet_size)]
-        proc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")
+        if log:
+            with open(log, "a") as stderr:
+                proc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ", stderr=stderr)
+        else:
+            proc, banner = spawn_in(link.server_ns, cmd, "AQUEDUCT_READY ")
         info = json.loads(banner)
         return proc, {"url": info["url"], "fingerprint": info["fingerprint"]}
 

@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", action="store_true", help="profile the client too")
     parser.add_argument("--packet-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-perf", action="store_true", help="CPU figures only")
+    parser.add_argument(
+        "--service-log-level", default="info", help="debug: also auto's codec changes"
+    )
     args = parser.parse_args(argv)
     reason = require_root("profiling a real-path read")
     if reason:
@@ -119,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                     if cperf is not None:
                         print(f"\n== {name}: client")
                         print(report(cdata, args.top))
-                codecs = re.findall(r"op=scan .*?(compression=\S+)", args.service_log.read_text())
+                text = args.service_log.read_text()
+                if args.service_log_level == "debug":
+                    print(*re.findall(r"compression for .*", text), sep="\n")
+                codecs = re.findall(r"op=scan .*?(compression=\S+)", text)
                 print("\nthe service's scans, in order (batches per codec):", *codecs, sep="\n  ")
                 print(f"\n{'variant':20} {'s':>6} {'cli s/GB':>9} {'srv s/GB':>9}  (each read)")
                 for name, rows in figures.items():

@@ -158,7 +158,8 @@ def aqueduct_serve(backend: str, old: bool = False) -> Serve:
         # ``args.service_log`` (realpath_profile): the access lines go there (a scan's line
         # says which codec each of its batches went with)
         log = getattr(args, "service_log", None)
-        cmd += ["--allow-anonymous", "--log-level", "info" if log else "warning"]
+        level = getattr(args, "service_log_level", "info") if log else "warning"
+        cmd += ["--allow-anonymous", "--log-level", level]
         cmd += ["--cert", certs["cert"], "--key", certs["key"]]
         if args.packet_size:
             cmd += ["--packet-size", str(args.packet_size)]

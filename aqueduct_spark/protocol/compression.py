@@ -19,9 +19,10 @@ the service (:func:`negotiate`). Writes: the writer decides, among the codecs th
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidRequest
 from .headers import H_CODECS, H_COMPRESSION
@@ -180,7 +181,7 @@ class _Rates:
 @dataclass(frozen=True, slots=True)
 class Estimate:
     """What ``auto`` knows when it decides: the link's rate while it was the limit, for
-    each codec its ratio (wire bytes per Arrow byte) and the sender's rate with it, and the
+    each codec its ratio (wire bytes per Arrow byte) and the rate it encodes at, and the
     Arrow bytes per second each codec really delivered on this path lately (``delivered``:
     the reader's CPU, the machine's other work and everything a model leaves out)."""
 
@@ -192,8 +193,10 @@ class Estimate:
     def rate(self, codec: str) -> float:
         """Arrow bytes per second the path would carry with ``codec``: what it delivered
         lately if it was measured; else the link's rate over the codec's ratio, or the
-        sender's own rate with the codec if that is lower (the codec runs beside the
-        network, on the sender's thread)."""
+        codec's own rate if that is lower (its encoding runs beside the network). The rest
+        of the sender's work and the reader's are left out: sending fewer bytes frees CPU
+        at both ends that the codec then uses, which no per-batch timing shows, so a codec
+        is tried on this promise and kept only if it delivers."""
         if codec in self.delivered:
             return self.delivered[codec]
         if codec == "none":
@@ -223,6 +226,15 @@ def choose(
     return current
 
 
+QUEUED = 4096
+"""Batches ``auto`` follows from being sent to being delivered, at most."""
+MEASURED = 2
+"""Intervals of a codec's own (:data:`CLEAN`) that make its measurement count."""
+CLEAN = 0.9
+"""The least share of an interval's delivered Arrow bytes one codec must have carried for
+the interval to count as that codec's measurement."""
+
+
 @dataclass
 class AutoCompression:
     """``auto`` for one connection's data channels in one direction: asked for a codec per
@@ -236,7 +248,8 @@ class AutoCompression:
       not for ``revisit`` seconds): its ratio and speed on this data;
     - then the codec expected to deliver the most Arrow bytes per second: what it delivered
       on this path in the last ``revisit`` seconds, or for a codec not tried lately the
-      link's rate over its ratio, capped by how fast the sender encodes with it. A switch
+      link's rate over its ratio, capped by how fast the codec encodes (a promise: a codec
+      is tried on it, and kept only if it delivers). A switch
       must gain more than ``margin``; between codecs, or back to none, it must be agreed by
       ``settle`` intervals in a row (leaving none for a codec the link asks for is at once).
       A codec tried on a model's promise that delivers less goes back, and is not tried
@@ -258,16 +271,20 @@ class AutoCompression:
     link_at: float = 0.0
     switches: int = 0
     _rates: dict[str, _Rates] = field(default_factory=dict)
-    _other: _Rates = field(default_factory=_Rates)
-    _delivered: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per codec: Arrow bytes/s it delivered over whole intervals (decaying), and when."""
+    _delivered: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    """Per codec: Arrow bytes/s it delivered over whole intervals (decaying), when, and over
+    how many intervals in a row."""
     _probe: list[str] = field(default_factory=list)
     _last: PathSample | None = None
     _due: float = float("-inf")
-    _arrow: int = 0
-    _wire: int = 0
-    _mixed: bool = True
-    """Whether the interval being measured carried another codec than ``current``."""
+    _resumed: bool = False
+    """Whether the last interval delivered data of ours too (the stream was flowing)."""
+    _now: float = 0.0
+    _queue: deque[list[Any]] = field(default_factory=deque)
+    """Batches sent and not yet delivered, oldest first: [codec, wire bytes left, Arrow
+    bytes per wire byte]. What the path delivers in an interval is taken from its head, so
+    the Arrow bytes delivered are counted per codec as they reach the reader (a batch is
+    queued well before it is on the wire: the channel's window, the socket's buffer)."""
     _votes: int = 0
     _wanted: str = "none"
 
@@ -283,16 +300,15 @@ class AutoCompression:
         self, codec: str, arrow: int, wire: int, encode: float, work: float, now: float
     ) -> None:
         """One batch went out with ``codec``: ``arrow`` bytes of Arrow data as ``wire`` bytes,
-        ``encode`` seconds of encoding, ``work`` seconds of the sender's thread for it in all
-        (reading and decoding the data included)."""
-        self._arrow += arrow
-        self._wire += wire
-        if codec != self.current:
-            self._mixed = True
+        ``encode`` seconds of encoding (wall time: pyarrow spreads a batch's buffers over its
+        threads), ``work`` seconds of the sender's thread for it in all (not used since what
+        each codec delivers is measured; kept for callers)."""
+        self._queue.append([codec, wire, arrow / wire if wire else 0.0])
+        if len(self._queue) > QUEUED:
+            self._queue.popleft()
         if self.link is None and not self._probe:
             return  # the network was never the limit: nothing below would be used
         self._rates.setdefault(codec, _Rates()).add(arrow, wire, encode, now, self.keep)
-        self._other.add(arrow, 0, max(work - encode, 0.0), now, self.keep)
         if self._probe and self._probe[0] == codec:
             self._probe.pop(0)
 
@@ -314,33 +330,69 @@ class AutoCompression:
                 self._last = sample
                 self._due = now + self.interval
             return False
-        self._last = sample
+        self._last, self._now = sample, now
         self._due = now + self.interval
-        arrow, wire, mixed = self._arrow, self._wire, self._mixed
-        self._arrow = self._wire = 0
-        self._mixed = False
         reading = PathReading.between(last, sample)
-        if reading is None or not wire:
-            return False  # nothing of ours went out: the interval tells nothing
-        arrow_rate = reading.delivered * arrow / wire / reading.seconds
+        if reading is None:
+            return False
+        arrow = self._drain(reading.delivered)
+        total = sum(arrow.values())
+        resumed, self._resumed = self._resumed, bool(total)
+        if not total:
+            return False  # nothing of ours was delivered: the interval tells nothing
+        arrow_rate = total / reading.seconds
+        main = max(arrow, key=lambda c: arrow[c])
+        # the current codec's (not a probe's: one batch says nothing of a steady stream),
+        # and not the first of a stream (a scan starting: its files opening)
+        clean = resumed and main == self.current and arrow[main] >= CLEAN * total
         if reading.link_limited:
             self.link, self.link_at = reading.link_rate, now
             if self._probe_due(now):
                 return False
         if self.link is None:
             return False  # never limited by the network: nothing to gain
-        if not mixed:
-            self._measured(self.current, arrow_rate, now)
+        if clean:
+            self._measured(main, arrow_rate, now)
         if self.current != "none" and now - self.link_at > self.revisit:
             wanted = "none"  # compressing for long with the CPU the limit: is the link still slow?
         else:
-            wanted = choose(self.current, reading, arrow_rate, self._estimate(now), self.margin)
+            # the current codec at what it delivered lately (this interval's measurement
+            # included, averaged: one interval of a busy host does not decide alone)
+            estimate = self._estimate(now)
+            wanted = choose(
+                self.current, reading, estimate.rate(self.current), estimate, self.margin
+            )
         return self._vote(wanted)
+
+    def explain(self) -> str:
+        """What the last decision saw: each codec's expected Arrow MB/s (measured: ``=``)."""
+        e = self._estimate(self._now)
+        parts = [
+            f"{c} {'=' if c in e.delivered else '~'}{e.rate(c) / 1e6:.0f}"
+            for c in ("none", *e.ratios)
+        ]
+        return "expected MB/s of Arrow: " + ", ".join(parts)
+
+    def _drain(self, delivered: int) -> dict[str, float]:
+        """Arrow bytes per codec of the ``delivered`` wire bytes, oldest batches first."""
+        got: dict[str, float] = {}
+        queue = self._queue
+        while delivered > 0 and queue:
+            head = queue[0]
+            take = min(head[1], delivered)
+            got[head[0]] = got.get(head[0], 0.0) + take * head[2]
+            head[1] -= take
+            delivered -= take
+            if head[1] <= 0:
+                queue.popleft()
+        return got
 
     def _measured(self, codec: str, rate: float, now: float) -> None:
         old = self._delivered.get(codec)
-        fresh = old is not None and now - old[1] <= self.revisit
-        self._delivered[codec] = ((old[0] + rate) / 2 if fresh and old else rate, now)
+        if old is None or now - old[1] > self.revisit:
+            self._delivered[codec] = (rate, now, 1)
+        else:
+            self._delivered[codec] = ((old[0] + rate) / 2, now, old[2] + 1)
 
     def _probe_due(self, now: float) -> bool:
         """Queue one compressed batch of each codec not measured lately."""
@@ -351,14 +403,13 @@ class AutoCompression:
         return bool(self._probe)
 
     def _estimate(self, now: float) -> Estimate:
-        other = self._other.seconds / self._other.arrow if self._other.arrow else 0.0
         measured = {c: r for c, r in self._rates.items() if c in (*self.codecs, "none")}
-        sender = {c: 1 / (other + 1 / r.speed) if r.speed > 0 else 0.0 for c, r in measured.items()}
+        sender = {c: r.speed for c, r in measured.items()}
         ratios = {c: r.ratio for c, r in measured.items() if c != "none"}
         delivered = {
             c: rate
-            for c, (rate, at) in self._delivered.items()
-            if now - at <= self.revisit and (c == "none" or c in ratios)
+            for c, (rate, at, intervals) in self._delivered.items()
+            if now - at <= self.revisit and intervals >= MEASURED and (c == "none" or c in ratios)
         }
         return Estimate(self.link or 0.0, ratios, sender, delivered)
 
@@ -371,7 +422,6 @@ class AutoCompression:
         if self._votes < self.settle and self.current != "none":
             return False
         self.current, self._votes = wanted, 0
-        self._mixed = True
         self.switches += 1
         return True
 
@@ -386,6 +436,5 @@ class AutoCompression:
         new.current = self.current if self.current in (*codecs, "none") else "none"
         new.link, new.link_at = self.link, self.link_at
         new._rates = {c: replace(r) for c, r in self._rates.items()}
-        new._other = replace(self._other)
         new._delivered = dict(self._delivered)
         return new

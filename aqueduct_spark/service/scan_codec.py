@@ -82,10 +82,11 @@ class ScanCodec:
         if policy.due(now) and policy.path(conn.path(), now):
             mb = (policy.link or 0) / 1e6
             log.debug(
-                "compression for %s now %s (link %.0f MB/s while it was the limit)",
+                "compression for %s now %s (link %.0f MB/s while it was the limit; %s)",
                 conn.peer,
                 policy.current,
                 mb,
+                policy.explain(),
             )
 
 

@@ -180,27 +180,43 @@ def test_auto_without_measurements_sends_uncompressed() -> None:
 
 
 class Path2:
-    """A path where each codec has a true rate: a batch takes the longer of its wire bytes
-    over the link and its Arrow bytes over ``cpu[codec]`` (the sender's and the reader's
-    work, which the sender's model does not see); the link is busy for its share of that."""
+    """A path where each codec has a true rate: the sender makes a 2 MB batch in
+    ``2 MB / cpu[codec]`` seconds (its own work and everything the model does not see) and
+    queues it in front of the link (the channel's window and the socket's buffer, ``buffer``
+    bytes: a batch is sent well before it is delivered); the link drains the queue at
+    ``link`` bytes/s, busy while it holds anything."""
 
-    def __init__(self, link: float, ratios: dict[str, float], cpu: dict[str, float]) -> None:
-        self.link, self.ratios, self.cpu = link, ratios, cpu
-        self.sample = PathSample(0.0, 0, 0.0, 0.0)
+    def __init__(
+        self, link: float, ratios: dict[str, float], cpu: dict[str, float], buffer: float = 8 * MB
+    ) -> None:
+        self.link, self.ratios, self.cpu, self.buffer = link, ratios, cpu, buffer
+        self.at = self.busy = self.queued = 0.0
+        self.delivered = 0
         self.arrow = 0.0
+
+    def _advance(self, seconds: float) -> None:
+        drained = min(self.queued, self.link * seconds)
+        self.queued -= drained
+        self.busy += drained / self.link
+        self.delivered += int(drained)
+        self.at += seconds
+
+    @property
+    def sample(self) -> PathSample:
+        return PathSample(self.at, self.delivered, self.busy, 0.0)
 
     def batch(self, policy: AutoCompression, encode: dict[str, float]) -> str:
         codec = policy.codec()
         wire = int(2 * MB * self.ratios[codec])
-        on_link, on_cpu = wire / self.link, 2 * MB / self.cpu[codec]
-        seconds = max(on_link, on_cpu)
-        s = self.sample
-        self.sample = PathSample(s.at + seconds, s.delivered + wire, s.busy + on_link, 0.0)
+        self._advance(2 * MB / self.cpu[codec])
+        if self.queued + wire > self.buffer:  # the sender waits for room
+            self._advance((self.queued + wire - self.buffer) / self.link)
+        self.queued += wire
         self.arrow += 2 * MB
         took = 2 * MB / encode[codec]
-        policy.sent(codec, 2 * MB, wire, took, took + 0.001, self.sample.at)
-        if policy.due(self.sample.at):
-            policy.path(self.sample, self.sample.at)
+        policy.sent(codec, 2 * MB, wire, took, took + 0.001, self.at)
+        if policy.due(self.at):
+            policy.path(self.sample, self.at)
         return codec
 
 
@@ -235,7 +251,7 @@ def test_unshaped_nothing_is_compressed_and_the_path_is_sampled_once_per_interva
     for _ in range(1000):  # 5 s of batches, 5 ms each
         codec = path.batch(policy, ENCODE)
         assert codec == "none"
-        samples += policy._last is not None and policy._last.at == path.sample.at
+        samples += policy._last is not None and policy._last.at == path.at
     assert samples <= 5 / policy.interval + 2
 
 
@@ -244,7 +260,7 @@ def test_a_new_connection_from_the_same_host_starts_where_the_last_one_left() ->
     policy = AutoCompression()
     for _ in range(300):
         path.batch(policy, ENCODE)
-    now = path.sample.at
+    now = path.at
     assert policy.seeded(P.CODECS, now + 1).codec() == policy.current != "none"
     assert policy.seeded(P.CODECS, now + 60).codec() == "none"  # stale: measured again
     assert policy.seeded(("lz4",), now + 1).codec() == "none"  # another offer

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 import pickle
 from decimal import Decimal
+from pathlib import Path
 
 import cbor2
 import pyarrow as pa
@@ -307,3 +308,16 @@ def test_bad_splits(shared: tuple[Store, pa.Table]) -> None:
         Split.from_dict({**split, "version": "3"})
     with pytest.raises(InvalidRequest, match="invalid dataset name"):
         store.scan(Split.from_dict({**split, "dataset": "../t"}))
+
+
+def test_a_file_deleted_during_its_scan_is_read_to_the_end(tmp_path: Path) -> None:
+    """Local files are scanned memory-mapped (issue 28): a file vacuumed or deleted after
+    its scan began still yields every row, as an open file would."""
+    store = Store(str(tmp_path))
+    write(store, "t", sample(0, N), mode="overwrite")
+    (split,) = store.plan("t").splits
+    batches = store.scan(split, batch_rows=100)
+    first = next(batches)
+    os.unlink(tmp_path / "t" / split.path)
+    rows = first.num_rows + sum(b.num_rows for b in batches)
+    assert rows == N

@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             serve = _subcommand(parser, "serve")
             serve.set_defaults(**load_config(args.config, serve))
             args = parser.parse_args(argv)
+        if args.command == "serve":  # before anything imports ssl (tls_suites says why)
+            _tls_suites(args)
         code = int(command(args.command)(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is seen below, not at exit
         return code
@@ -86,6 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _tls_suites(args: argparse.Namespace) -> None:
+    from aqueduct_core.transport import tls_suites
+
+    suites = tls_suites.check(args.tls_suites or tls_suites.DEFAULT)
+    why = tls_suites.prefer(suites)
+    if why is not None:
+        logging.getLogger("aqueduct.service").info("--tls-suites %s not applied: %s", suites, why)
 
 
 def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -257,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cert", help="certificate chain (PEM); default: a development certificate")
     s.add_argument("--key", help="private key (PEM) of --cert")
     s.add_argument(
+        "--tls-suites",
+        default=None,
+        metavar="SUITES",
+        help="TLS 1.3 cipher suites of TLS/TCP connections, in the service's order of "
+        "preference, joined by ':'; 'openssl' keeps OpenSSL's (default "
+        "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256)",
+    )
+    s.add_argument(
         "--workers",
         type=_workers,
         default="auto",

@@ -144,14 +144,15 @@ def read_flight(info: dict[str, Any], table: str) -> Iterator[Any]:
         client.close()
 
 
-def aqueduct_serve(backend: str, old: bool = False) -> Serve:
-    """``old``: the service with the copying data path of before issue 28 (``realpath_oldpath``)."""
+def aqueduct_serve(backend: str, old: bool = False, module: str = "aqueduct_spark.cli") -> Serve:
+    """``old``: the service with the copying data path of before issue 28 (``realpath_oldpath``);
+    ``module``: the service's entry point (``realpath_olddecode``: its scan cost before)."""
 
     def serve(
         link: Link, root: Path, certs: dict[str, str], args: argparse.Namespace
     ) -> tuple[Any, dict[str, Any]]:
-        module = "benchmarks.realpath_oldpath" if old else "aqueduct_spark.cli"
-        cmd = ["-m", module, "serve", "--root", str(root)]
+        module_ = "benchmarks.realpath_oldpath" if old else module
+        cmd = ["-m", module_, "serve", "--root", str(root)]
         cmd += ["--host", link.server_ip, "--port", "0", "--backend", backend]
         # a veth pair between two private namespaces: no one else can reach it, and Flight
         # runs without a token too (serve refuses a non-loopback host without one otherwise)
@@ -241,6 +242,15 @@ def _variants() -> dict[str, Variant]:
             copies,
             aqueduct_read(transport, "auto", compression, old=True),
         )
+    # The service's scan cost before issue 28's decode and cipher work (realpath_olddecode),
+    # the client as it is
+    before = aqueduct_serve("qh3", module="benchmarks.realpath_olddecode")
+    found["aqueduct-tcp-none-before"] = Variant(
+        "aqueduct-tcp-none-before",
+        "aqueduct-before",
+        before,
+        aqueduct_read("tcp", "auto", "none"),
+    )
     for backend in ("qh3", "aioquic"):
         name = f"aqueduct-{backend}"
         serve = qh3 if backend == "qh3" else aqueduct_serve("aioquic")
@@ -253,10 +263,15 @@ VARIANTS = _variants()
 """Every variant. ``aqueduct`` is the client with every default (transport, compression);
 ``aqueduct-none`` the default transport without compression; ``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
 ``-aioquic`` over QUIC; ``-copies`` the same client settings with the copying data path of
-before issue 28 at both ends (``benchmarks/realpath_oldpath.py``). ``flight`` is the project's Flight server, ``flight-plain`` the plain
+before issue 28 at both ends (``benchmarks/realpath_oldpath.py``); ``-before`` the service's
+scan cost before issue 28's decode and cipher work (``benchmarks/realpath_olddecode.py``). ``flight`` is the project's Flight server, ``flight-plain`` the plain
 one users would write (the faster of the two is the baseline), ``flight-zstd`` the plain one
 with zstd IPC compression turned on."""
-DEFAULT_VARIANTS = [v for v in VARIANTS if v != "aqueduct-aioquic" and not v.endswith("-copies")]
+DEFAULT_VARIANTS = [
+    v
+    for v in VARIANTS
+    if v != "aqueduct-aioquic" and not v.endswith("-copies") and not v.endswith("-before")
+]
 COPIES_VARIANTS = [
     v for name in VARIANTS if name.endswith("-copies") for v in (name.removesuffix("-copies"), name)
 ]

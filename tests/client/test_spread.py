@@ -10,6 +10,7 @@ with one SIGKILLed mid-read: ``tests/spark/test_scale_out.py`` (slow); link-shap
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from aqueduct_spark.client import Endpoint
 from aqueduct_spark.client.spread import (
@@ -140,3 +141,54 @@ def test_a_lost_hosts_tasks_move_to_every_survivor_not_to_the_next() -> None:
 def test_one_spread_per_url_per_process() -> None:
     assert spread_for(THREE) is spread_for(list(THREE))
     assert spread_for(THREE[:2]) is not spread_for(THREE)
+
+
+def test_a_whole_write_counts_at_its_endpoint_until_its_commit_is_answered() -> None:
+    """A write (begin, data, commit at one endpoint) still committing keeps its endpoint
+    busy, so the next goes to the other; a begin that fails moves the write (nothing was
+    staged) and its endpoint is avoided."""
+    import asyncio
+
+    from aqueduct_core.errors import ConnectionLost
+    from aqueduct_spark.client import ClientConfig
+    from aqueduct_spark.client.spread import Spreader
+
+    class Owner:
+        config = ClientConfig("quic://w1:1,quic://w2:1", retries=0)
+
+    async def run() -> None:
+        spreader = Spreader(Owner(), [Endpoint("w1", 1), Endpoint("w2", 1)])  # type: ignore[arg-type]
+        spreader.client = lambda index: index  # type: ignore[assignment,method-assign,return-value]
+        committing = asyncio.Event()
+        answered = asyncio.Event()
+        homes: list[int] = []
+
+        async def begin(home: int) -> Any:
+            homes.append(home)
+            return home
+
+        async def slow_commit(home: int, txn: Any) -> int:
+            committing.set()
+            await answered.wait()  # its commit not answered yet
+            return home
+
+        async def commit(home: int, txn: Any) -> int:
+            return home
+
+        first = asyncio.ensure_future(spreader.write(begin, slow_commit, 1000))
+        await committing.wait()
+        second = await spreader.write(begin, commit, 1000)
+        answered.set()
+        assert second != await first  # the endpoint still committing was left alone
+
+        async def refused(home: int) -> Any:
+            if home == 0:
+                raise ConnectionLost("gone")
+            return home
+
+        with spreader.spread.lease(1, 10_000):  # so that the least busy, 0, is tried first
+            assert await spreader.write(refused, commit, 1000) == 1
+        assert spreader.spread.avoided() == [True, False]
+        assert await spreader.write(refused, commit, 1000) == 1  # 0 left alone meanwhile
+
+    asyncio.run(run())

@@ -226,7 +226,7 @@ def choose(
     return current
 
 
-QUEUED = 4096
+QUEUED = 1024
 """Batches ``auto`` follows from being sent to being delivered, at most."""
 MEASURED = 2
 """Intervals of a codec's own (:data:`CLEAN`) that make its measurement count."""
@@ -321,6 +321,7 @@ class AutoCompression:
         """A sample of the transport's counters; True if the codec changed (decisions are
         taken once per ``interval`` of samples)."""
         if sample is None:
+            self._queue.clear()  # a transport that measures nothing: nothing to follow
             return False
         from aqueduct_core.api.path import PathReading
 

@@ -171,12 +171,13 @@ def test_auto_never_compresses_when_the_cpu_is_the_limit() -> None:
     assert set(run(AutoCompression(), link=1000 * MB, cpu_bound=True, batches=200)) == {"none"}
 
 
-def test_auto_without_measurements_sends_uncompressed() -> None:
+def test_auto_without_measurements_sends_uncompressed_and_keeps_nothing() -> None:
     policy = AutoCompression()
-    for _ in range(50):
+    for _ in range(5000):
         policy.sent(policy.codec(), MB, MB, 0.001, 0.002, 0.0)
         assert not policy.path(None, 0.0)
     assert policy.codec() == "none"
+    assert not policy._queue  # batches are followed only where the transport measures
 
 
 class Path2:

@@ -243,15 +243,16 @@ class AutoCompression:
 
     - uncompressed, as long as the network is not the limit (an interval where data waited
       to go out nearly all the time, not held back by the reader's window); until it has
-      been, a batch costs two additions and the transport is sampled once per interval;
+      been, a batch costs an append to a queue and the transport is sampled once per
+      interval;
     - once it is, one batch is compressed with each offered codec it has not measured (or
       not for ``revisit`` seconds): its ratio and speed on this data;
     - then the codec expected to deliver the most Arrow bytes per second: what it delivered
       on this path in the last ``revisit`` seconds, or for a codec not tried lately the
       link's rate over its ratio, capped by how fast the codec encodes (a promise: a codec
-      is tried on it, and kept only if it delivers). A switch
-      must gain more than ``margin``; between codecs, or back to none, it must be agreed by
-      ``settle`` intervals in a row (leaving none for a codec the link asks for is at once).
+      is tried on it, and kept only if it delivers). A switch must gain more than
+      ``margin``; between codecs, or back to none, it must be agreed by ``settle``
+      intervals in a row (leaving none for a codec the link asks for is at once).
       A codec tried on a model's promise that delivers less goes back, and is not tried
       again until its measurement is ``revisit`` seconds old.
 

@@ -226,7 +226,7 @@ def choose(
     return current
 
 
-QUEUED = 1024
+QUEUED = 512
 """Batches ``auto`` follows from being sent to being delivered, at most."""
 MEASURED = 2
 """Intervals of a codec's own (:data:`CLEAN`) that make its measurement count."""
@@ -312,6 +312,11 @@ class AutoCompression:
         self._rates.setdefault(codec, _Rates()).add(arrow, wire, encode, now, self.keep)
         if self._probe and self._probe[0] == codec:
             self._probe.pop(0)
+
+    def forget_batches(self) -> None:
+        """Drop the batches followed to delivery (the connection ended; what was measured
+        stays, for :meth:`seeded`)."""
+        self._queue.clear()
 
     def due(self, now: float) -> bool:
         """Whether to sample the transport now (:meth:`path`): once per ``interval``, so a

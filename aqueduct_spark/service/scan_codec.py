@@ -113,6 +113,8 @@ class ConnectionCodecs:
         last = self._hosts.pop(host, None) if host is not None else None
         now = time.monotonic()
         policy = last.seeded(codecs, now) if last is not None else P.AutoCompression(codecs)
+        # kept for the host's next connection: without this one's batches in flight
+        weakref.finalize(conn, policy.forget_batches)
         if host is not None:
             self._hosts[host] = policy
             while len(self._hosts) > PEERS:

@@ -265,3 +265,29 @@ def test_a_new_connection_from_the_same_host_starts_where_the_last_one_left() ->
     assert policy.seeded(P.CODECS, now + 1).codec() == policy.current != "none"
     assert policy.seeded(P.CODECS, now + 60).codec() == "none"  # stale: measured again
     assert policy.seeded(("lz4",), now + 1).codec() == "none"  # another offer
+
+
+def test_a_closed_connection_leaves_only_its_measurements_with_the_service() -> None:
+    import asyncio
+    import gc
+
+    from aqueduct_core.api import channel
+    from aqueduct_core.testing.memory import memory_pair
+    from aqueduct_spark.service.scan_codec import ConnectionCodecs
+
+    codecs = ConnectionCodecs(P.AUTO)
+
+    async def scan_on_a_connection() -> AutoCompression:
+        async with memory_pair() as pair:
+            pair.server.peer = ("198.18.0.2", 40000)
+            out, _ = channel(headers=P.request_headers(P.AUTO))
+            policy = codecs.for_scan(out, pair.server).policy
+            assert policy is not None
+            for _ in range(100):
+                policy.sent("none", MB, MB, 0.0, 0.0, 0.0)
+            assert policy._queue
+            return policy
+
+    policy = asyncio.run(scan_on_a_connection())
+    gc.collect()
+    assert not policy._queue  # kept for the host's next connection, without its batches

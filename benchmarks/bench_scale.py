@@ -297,7 +297,8 @@ def _requests(phase: dict[str, Any]) -> str:
         if not any(n for n, _ in ops.values()):
             continue
         means = " ".join(
-            f"{op} {s / n:.2f}" if n else f"{op} -" for op, (n, s) in sorted(ops.items())
+            f"{op} {ops[op][1] / ops[op][0]:.2f}" if ops[op][0] else f"{op} -"
+            for op in ("begin", "write", "commit")
         )
         parts.append(f"{name}: {ops.get('commit', (0, 0))[0]} commits, mean s {means}")
     return "; ".join(parts)
@@ -392,6 +393,16 @@ def section(data: dict[str, Any]) -> list[str]:
                 f"{p['rows_per_s'] / base:.2f}x | {commits} | {_shares(p, way)} | {cpu} | "
                 f"{p['cpu_share']:.0%} | {p['machine_busy']:.0%} | {p['load']} |"
             )
+    if any(a.get("requests") for a in data["appends"]):
+        lines += [
+            "",
+            "Appends, per service host: commits (each host commits the writes it received), "
+            "and the mean seconds of its begin, write and commit requests (its `/metrics`).",
+            "",
+            "| hosts | per host |",
+            "|---|---|",
+            *(f"| {a['endpoints']} | {_requests(a)} |" for a in data["appends"]),
+        ]
     kill, stream = data["kill_read"], data["stream"]
     if "error" in stream:
         return [*lines, "", f"The stream phase failed: {stream['error'][:500]}", ""]

@@ -28,9 +28,12 @@ from typing import Any
 from benchmarks.realpath_link import ROOT, require_root, spawn_in, stop, veth_link
 
 READY = "SPARK_RESULT "
-PATHS = ("aqueduct", "aqueduct-tcp", "aqueduct-tcp-none", "aqueduct-quic")
+PATHS = ("aqueduct", "aqueduct-tcp", "aqueduct-tcp-none", "aqueduct-quic", "floor")
 """``aqueduct``: every default (transport and compression auto); ``-tcp`` over TLS/TCP with
-the default compression; ``-tcp-none`` uncompressed; ``-quic`` over QUIC (qh3)."""
+the default compression; ``-tcp-none`` uncompressed; ``-quic`` over QUIC (qh3). ``floor``:
+no network and no server (``benchmarks.spark_sources.DeltaFloor``): Spark's executors write
+the same Parquet files into the table themselves, the least a write through any server can
+cost on this machine (both "hosts" share its cores)."""
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -91,7 +94,7 @@ def spark_client(spec: dict[str, Any]) -> None:
     for label, (fmt, options, server) in spec["paths"].items():
         name = "t_" + "".join(c if c.isalnum() else "_" for c in label)
         if phases is not None:
-            fmt = {"aqueduct": "aqphases", "flightbench": "flphases"}[fmt]
+            fmt = {"aqueduct": "aqphases", "flightbench": "flphases"}.get(fmt, fmt)
 
         def write(fmt: str = fmt, options: dict[str, str] = options, name: str = name) -> None:
             df.write.format(fmt).options(**options).mode("overwrite").save(name)
@@ -108,9 +111,9 @@ def spark_client(spec: dict[str, Any]) -> None:
                 phases.write_text("")
             samples = []
             for _ in range(spec["repeat"]):
-                before = counters(spec["dev"], [server])
+                before = counters(spec["dev"], [server] if server else [])
                 fn()
-                after = counters(spec["dev"], [server])
+                after = counters(spec["dev"], [server] if server else [])
                 samples.append({k: after[k] - before[k] for k in before})
             samples.sort(key=lambda s: s["at"])
             mid = samples[len(samples) // 2]
@@ -231,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     {**aq, "transport": "quic", "backend": "qh3"},
                     svc.pid,
                 ),
+                "floor": ("deltafloor", {"root": str(root)}, 0),
             }
             paths = {k: v for k, v in paths.items() if k.startswith("flight") or k in args.paths}
             for rate in [None, *args.rate]:

@@ -37,10 +37,19 @@ from benchmarks.realpath_link import ROOT, proc_cpu, require_root, spawn_in, sto
 
 READY = "WRITE_RESULT "
 BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
-PATHS = ("flight", "aqueduct", "aqueduct-tcp", "aqueduct-tcp-none", "aqueduct-quic")
+PATHS = (
+    "flight",
+    "aqueduct",
+    "aqueduct-tcp",
+    "aqueduct-tcp-none",
+    "aqueduct-quic",
+    "aqueduct-tcp-unjoined",
+)
+"""``aqueduct-tcp-unjoined``: over TLS/TCP, each batch its own data message
+(``ClientConfig.join_bytes=0``, as before writes joined batches)."""
 
 
-def spark_batches(rows: int, tasks: int) -> list[list[Any]]:
+def spark_batches(rows: int, tasks: int, batch_rows: int = BATCH_ROWS) -> list[list[Any]]:
     """The Spark benchmark's rows as Spark hands them to a writer: ``tasks`` partitions of
     10,000-row batches (string and timestamp types as Spark's Arrow writer makes them)."""
     import pyarrow as pa
@@ -50,8 +59,8 @@ def spark_batches(rows: int, tasks: int) -> list[list[Any]]:
     per = -(-rows // tasks)
     for t in range(tasks):
         batches = []
-        for start in range(t * per, min(rows, (t + 1) * per), BATCH_ROWS):
-            ids = pa.array(range(start, min(start + BATCH_ROWS, (t + 1) * per, rows)), pa.int64())
+        for start in range(t * per, min(rows, (t + 1) * per), batch_rows):
+            ids = pa.array(range(start, min(start + batch_rows, (t + 1) * per, rows)), pa.int64())
             s = pc.binary_join_element_wise("row-", pc.cast(ids, pa.string()), "")
             ts = pc.cast(pc.add(ids, 1_700_000_000_000_000), pa.timestamp("us", tz="UTC"))
             x = pc.multiply(pc.cast(ids, pa.float64()), 0.5)
@@ -69,7 +78,7 @@ def client(spec: dict[str, Any]) -> None:
     from aqueduct_spark.client import Client, ClientConfig
     from aqueduct_spark.client.pool import Portal
 
-    parts = spark_batches(spec["rows"], spec["tasks"])
+    parts = spark_batches(spec["rows"], spec["tasks"], spec["batch_rows"])
     schema = parts[0][0].schema
     nbytes = sum(b.nbytes for p in parts for b in p)
 
@@ -92,6 +101,7 @@ def client(spec: dict[str, Any]) -> None:
             tls=_tls(spec["fingerprint"]),
             transport=options.get("transport", "auto"),
             compression=options.get("compression", "auto"),
+            join_bytes=options.get("join_bytes", ClientConfig.join_bytes),
         )
         c = Client(config=config)
 
@@ -255,8 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--batch-rows",
+        type=int,
+        default=BATCH_ROWS,
+        help="rows per batch the client is handed (Spark's maxRecordsPerBatch)",
+    )
     ap.add_argument("--tasks", type=int, default=2, help="write tasks at once (Spark's cores)")
-    ap.add_argument("--paths", nargs="+", default=["flight", "aqueduct", "aqueduct-tcp"])
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=["flight", "aqueduct", "aqueduct-tcp", "aqueduct-tcp-unjoined"],
+    )
     ap.add_argument(
         "--pace",
         type=float,
@@ -282,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "aqueduct-tcp": {"transport": "tcp"},
         "aqueduct-tcp-none": {"transport": "tcp", "compression": "none"},
         "aqueduct-quic": {"transport": "quic"},
+        "aqueduct-tcp-unjoined": {"transport": "tcp", "join_bytes": 0},
     }
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="aqueduct-wp-") as tmp, veth_link(1500) as link:
@@ -316,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 "repeat": args.repeat,
                 "tasks": args.tasks,
                 "pace": args.pace * 1e6,
+                "batch_rows": args.batch_rows,
                 "url": info["url"],
                 "fingerprint": info["fingerprint"],
                 "ca": str(tls.ca_file),

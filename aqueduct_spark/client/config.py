@@ -17,6 +17,18 @@ from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 CHUNK_BYTES = 8 * 1024 * 1024
 """Batches bigger than this are sent as several slices (Arrow slices are zero-copy)."""
+JOIN_BYTES = 4 * 1024 * 1024
+"""A write joins consecutive small batches into one data message of about this size (at
+most ``chunk_bytes`` and the batch limit). Spark hands a writer batches of 10,000 rows
+(``spark.sql.execution.arrow.maxRecordsPerBatch``), ~0.4 MB of the benchmark's table, and
+each message costs both ends a fixed amount of Python work (framing, flow control, a
+thread hop and a decode at the service) that one of 4 MB spreads over ten times the bytes:
+measured between two namespaces (``benchmarks.bench_write_path``), 0.4 MB messages cost
+3.9 CPU s/GB on the client's event loop and 3.8 on the service's, 4 MB ones 1.8 and 2.1.
+Joining copies the batches once (~0.1 s/GB)."""
+JOIN_WAIT = 0.2
+"""Seconds a write holds a batch back at most, waiting for more to join it: a slow source's
+batches still go out as they come."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,9 @@ class ClientConfig:
     not the CPU, is the limit: decided per connection from what the transport measures, in
     both directions), ``none``, ``lz4``, ``zstd`` or ``zstd:LEVEL`` (fixed)."""
     chunk_bytes: int = CHUNK_BYTES
+    join_bytes: int = JOIN_BYTES
+    """A write joins consecutive batches smaller than this into one data message of about
+    this size (one copy); 0 sends every batch as it comes."""
     max_batch_bytes: int = MAX_BATCH_BYTES
     """Largest data message (one encoded Arrow batch) this client sends or accepts; a
     compressed one counts at the size it declares it decompresses to, checked before it is

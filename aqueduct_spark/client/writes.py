@@ -24,6 +24,7 @@ from aqueduct_core.api import Connection, channel, oneshot
 from aqueduct_core.errors import AqueductError, ChannelError
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client import frames
+from aqueduct_spark.client.config import JOIN_WAIT
 from aqueduct_spark.client.models import Transaction
 from aqueduct_spark.client.session import BULK, Session
 
@@ -105,10 +106,11 @@ class Writes(Session):
         )
         codec = self._write_codec(conn, txn)
         limit = BatchLimit(self.config.max_batch_bytes, txn.max_batch_bytes)
+        join = min(self.config.join_bytes, self.config.chunk_bytes, limit.bytes)
+        batches_out = _joined(_chain(first, source), target, join, JOIN_WAIT)
         seq = 0
         try:
-            async for batch in _chain(first, source):
-                batch = _conform(batch, target)
+            async for batch in batches_out:
                 setting = codec.setting()
                 pieces = P.payloads_within(
                     batch,
@@ -125,6 +127,7 @@ class Writes(Session):
                     seq += 1
                     start = time.perf_counter()
         except ChannelError:
+            await batches_out.aclose()  # no batch pulled ahead stays in flight
             _cancel(tx)
             # The service refused the data: its answer says why.
             raise_from_reply = await _answer_or_none(answer, self.config.timeout)
@@ -132,6 +135,7 @@ class Writes(Session):
                 P.unwrap(raise_from_reply)
             raise
         except BaseException:
+            await batches_out.aclose()
             _cancel(tx)
             answer.close()
             raise
@@ -310,6 +314,63 @@ async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+async def _joined(
+    batches: AsyncIterator[pa.RecordBatch], schema: pa.Schema, size: int, wait: float
+) -> AsyncGenerator[pa.RecordBatch]:
+    """``batches`` conformed to ``schema``, consecutive ones smaller than ``size`` bytes
+    joined (in order) into one of about ``size`` (``ClientConfig.join_bytes``); larger ones
+    as they are. Nothing is held back longer than ``wait`` seconds for more to come: a slow
+    source's batches still go out (and show as progress at the service) as they come. The
+    next batch is pulled while the caller sends the last one."""
+    held: list[pa.RecordBatch] = []
+    nbytes = 0
+    since = 0.0
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[pa.RecordBatch] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(batches))
+            if held and not pending.done():
+                left = since + wait - loop.time()
+                if left <= 0 or not (await asyncio.wait([pending], timeout=left))[0]:
+                    yield _join(held, schema)  # the source is slow: send what came
+                    held, nbytes = [], 0
+                    continue
+            try:
+                item = await pending
+            except StopAsyncIteration:
+                break
+            finally:
+                if pending.done():
+                    pending = None
+            batch = _conform(item, schema)
+            n = batch.get_total_buffer_size()
+            if held and nbytes + n > size:
+                yield _join(held, schema)
+                held, nbytes = [], 0
+            if not held:
+                since = loop.time()
+            held.append(batch)
+            nbytes += n
+            if nbytes >= size:
+                yield _join(held, schema)
+                held, nbytes = [], 0
+        if held:
+            yield _join(held, schema)
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+def _join(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    # combine_chunks: one copy per column, ~6x faster here than pa.concat_batches
+    joined = pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()
+    return joined[0] if len(joined) == 1 else pa.RecordBatch.from_pylist([], schema=schema)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -14,9 +14,9 @@ Python 3.11's ``ssl`` has no ``set_ciphersuites``: the only public way to set TL
 suites is OpenSSL's configuration (``Ciphersuites`` in a ``system_default`` section), read
 once, when OpenSSL first initializes. :func:`prefer` therefore runs before anything in the
 process imports ``ssl`` (the CLI calls it first thing for ``serve``): it writes a small
-configuration that includes the system's own file and adds the suites, and points
-``OPENSSL_CONF`` at it for the life of the process (its ``--workers`` inherit it; the file
-is removed at exit). It changes nothing when the administrator chose a configuration
+configuration that includes the system's own file and adds the suites (in the user's
+cache directory, ``~/.cache/aqueduct/openssl-<hash>.cnf``, one per content), and points
+``OPENSSL_CONF`` at it (its ``--workers`` inherit it). It changes nothing when the administrator chose a configuration
 (``OPENSSL_CONF`` set), when the system's configuration sets TLS defaults of its own
 (``ssl_conf``), or when OpenSSL was initialized already; it says why instead. QUIC's TLS is
 qh3's or aioquic's own, not OpenSSL's, and is not affected.
@@ -24,12 +24,11 @@ qh3's or aioquic's own, not OpenSSL's, and is not affected.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import re
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 DEFAULT = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
@@ -80,13 +79,11 @@ def prefer(suites: str = DEFAULT) -> str | None:
         "[aqueduct_tls]",
         f"Ciphersuites = {suites}",
     ]
-    fd, path = tempfile.mkstemp(prefix="aqueduct-openssl-", suffix=".cnf")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    # kept while the process lives: ``--workers`` processes start with a fresh OpenSSL
-    # (spawned) and read it from the environment they inherit
-    atexit.register(_remove, path)
-    os.environ["OPENSSL_CONF"] = path
+    try:
+        path = _config_file("\n".join(lines) + "\n")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: no home directory
+        return f"its OpenSSL configuration could not be written ({exc})"
+    os.environ["OPENSSL_CONF"] = str(path)  # its ``--workers`` (spawned) read it too
     got = current()
     want = suites.split(":")
     if got[: len(want)] != want:
@@ -94,9 +91,21 @@ def prefer(suites: str = DEFAULT) -> str | None:
     return None
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def _config_file(text: str) -> Path:
+    """``text`` in a file of this user's cache directory named after its content: written
+    once, shared by every service process with the same configuration, never left behind
+    per process (a killed one included), and in a directory only this user can write."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(cache) / "aqueduct"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # (not hashlib: importing it initializes OpenSSL, whose configuration is then read)
+    path = folder / f"openssl-{zlib.crc32(text.encode()):08x}.cnf"
+    if not path.is_file() or path.read_text() != text:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
 
 
 def current() -> list[str]:

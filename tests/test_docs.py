@@ -263,9 +263,9 @@ def test_environment_variables_are_documented() -> None:
 
 
 def test_ready_line_fields_are_documented() -> None:
-    from aqueduct_spark.cli.serve import cmd_serve
+    from aqueduct_spark.cli import serve
 
-    source = inspect.getsource(cmd_serve)
+    source = inspect.getsource(serve)
     banner = re.search(r"banner = \{(.*?)\n    \}", source, flags=re.S)
     assert banner is not None
     text = read("cli.md")

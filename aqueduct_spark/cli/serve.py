@@ -105,6 +105,15 @@ def dev_tls_dir(root: str) -> Path:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    claims: list[startup.PortClaim] = []
+    try:
+        return _serve(args, claims)
+    finally:  # the service has stopped, or refused to start after its claim: the port is free
+        for claim in claims:
+            claim.release()
+
+
+def _serve(args: argparse.Namespace, claims: list[startup.PortClaim]) -> int:
     _need_service("serve", ("deltalake", "prometheus_client"))
     if (args.cert is None) != (args.key is None):
         raise StartupError("give both --cert and --key, or neither (for a development certificate)")
@@ -134,7 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port = _free_port(args.host, _transports(args.transport))
     # a port another service has is refused, even by --workers' SO_REUSEPORT; held till exit
     if port:
-        startup.claim_port(args.host, port, _transports(args.transport))
+        claims.append(startup.claim_port(args.host, port, _transports(args.transport)))
     spec = {
         "root": root,
         "host": args.host,

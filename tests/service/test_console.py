@@ -246,12 +246,14 @@ def test_console_settings_that_cannot_work_are_refused_with_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from aqueduct_spark.cli import main
+    from aqueduct_spark.service import startup
 
     monkeypatch.setenv("AQUEDUCT_TOKEN", "")
     assert (
         main(["serve", "--root", str(tmp_path), "--port", "0", *args]) == 2
     )  # refused before listening
     assert says in capsys.readouterr().err
+    assert not startup._HELD  # --workers 2 had claimed a port: a refusal gives it back
 
 
 def test_loopback_peers_are_told_on_dual_stack_sockets_too() -> None:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import random
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -143,7 +144,10 @@ async def serve_main(backend: str, host: str) -> None:
     config = TransportConfig(backend=backend)  # type: ignore[arg-type]
     server = await serve(handler, host, 0, config=config)
     print(json.dumps({"port": server.port, "fingerprint": server.fingerprint}), flush=True)
-    await asyncio.Event().wait()
+    stopped = asyncio.Event()  # stop() sends SIGTERM: close, and so delete the certificate's
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)  # temp dir
+    await stopped.wait()
+    await server.close()
 
 
 async def fetch_main(backend: str, host: str, port: int, fingerprint: str, size: int) -> None:

@@ -126,10 +126,11 @@ def test_datagram_loss_at_the_socket_is_reported_as_the_engine_decides(backend: 
 @pytest.mark.fault
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_server_killed_mid_transfer_gives_connection_lost_within_the_idle_timeout(
-    backend: str,
+    backend: str, tmp_path: Path
 ) -> None:
+    # its certificate in our tmp_path: a killed server cannot delete a directory of its own
     with subprocess.Popen(
-        [sys.executable, str(HERE / "quic_server_process.py"), backend],
+        [sys.executable, str(HERE / "quic_server_process.py"), backend, "0", str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
     ) as proc:

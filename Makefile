@@ -30,8 +30,15 @@ types: $(STAMP)
 # 0.25 s of CPU for a service's imports), the test modules once more at collection (6 s).
 TESTENV := PYTHONDONTWRITEBYTECODE=
 
+# Two pytest-xdist workers: the suite mostly waits (for services, Spark's Python workers and
+# other processes to start), so two workers on two cores take about half the time of one.
+# --dist loadscope, with the scopes of tests/conftest.py: a module runs whole on one worker
+# (its fixtures start once), and all of tests/spark on one (one Spark session, not two).
+# To run a few tests, plain `pytest tests/...` is faster (no workers to start).
+XDIST := -n 2 --dist loadscope
+
 test: lint types debs ts
-	$(TESTENV) $(PY) -m pytest -m "not slow"
+	$(TESTENV) $(PY) -m pytest -m "not slow" $(XDIST)
 
 slow: $(STAMP) debs ts
 	$(TESTENV) $(PY) -m pytest -m "slow"

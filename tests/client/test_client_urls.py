@@ -101,19 +101,23 @@ def _client(svc: ServiceProcess, url: str) -> Client:
 
 def test_each_form_reaches_a_real_service(service: ServiceProcess) -> None:
     port = service.port
-    _client(service, f"quic://127.0.0.1:{port}").write("urls", pa.table({"n": [1, 2]}))
+    # each client closed: one dropped open leaves its sockets (the race's QUIC and TCP) to
+    # the garbage collector, whose ResourceWarning then fails whichever test runs next
+    with _client(service, f"quic://127.0.0.1:{port}") as client:
+        client.write("urls", pa.table({"n": [1, 2]}))
     for url in (f"aqueduct://127.0.0.1:{port}", f"127.0.0.1:{port}", f"localhost:{port}"):
-        assert _client(service, url).describe("urls").rows == 2, url
-    over_tcp = _client(service, f"tcp://127.0.0.1:{port}")
-    assert over_tcp.read("urls").num_rows == 2
-    assert over_tcp.transport == "tcp"  # tcp:// forces TLS/TCP (the default races QUIC first)
+        with _client(service, url) as client:
+            assert client.describe("urls").rows == 2, url
+    with _client(service, f"tcp://127.0.0.1:{port}") as over_tcp:
+        assert over_tcp.read("urls").num_rows == 2
+        assert over_tcp.transport == "tcp"  # tcp:// forces TLS/TCP (the default races QUIC)
 
 
 def test_a_list_is_tried_in_order(service: ServiceProcess) -> None:
     """The first address refuses (nothing listens on TCP port 1), the second answers."""
-    client = _client(service, f"tcp://127.0.0.1:1, quic://127.0.0.1:{service.port}")
-    client.list()
-    assert client.transport in ("quic", "tcp")
+    with _client(service, f"tcp://127.0.0.1:1, quic://127.0.0.1:{service.port}") as client:
+        client.list()
+        assert client.transport in ("quic", "tcp")
 
 
 def test_an_ipv6_literal_reaches_a_service_on_ipv6(
@@ -123,9 +127,9 @@ def test_an_ipv6_literal_reaches_a_service_on_ipv6(
     try:
         assert svc.url == f"quic://[::1]:{svc.port}"  # what serve prints is usable as is
         for url in (svc.url, f"tcp://[::1]:{svc.port}"):
-            client = _client(svc, url)
-            client.write("v6", pa.table({"n": [1]}))
-            assert client.read("v6").num_rows >= 1, url
+            with _client(svc, url) as client:
+                client.write("v6", pa.table({"n": [1]}))
+                assert client.read("v6").num_rows >= 1, url
     finally:
         svc.stop()
 

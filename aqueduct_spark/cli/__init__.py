@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aqueduct_core.errors import AqueductError
 from aqueduct_spark.cli.arguments import build_parser
@@ -61,14 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("quic").setLevel(logging.WARNING)
     try:
+        if args.command == "serve":  # before anything imports ssl (tls_suites says why)
+            _tls_suites(
+                args.tls_suites or _file_setting(getattr(args, "config", None), "tls_suites")
+            )
         if getattr(args, "config", None):  # the file's settings become the flags' defaults
             from aqueduct_spark.cli.config import load_config
 
             serve = _subcommand(parser, "serve")
             serve.set_defaults(**load_config(args.config, serve))
             args = parser.parse_args(argv)
-        if args.command == "serve":  # before anything imports ssl (tls_suites says why)
-            _tls_suites(args)
         code = int(command(args.command)(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is seen below, not at exit
         return code
@@ -90,10 +93,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _tls_suites(args: argparse.Namespace) -> None:
+def _file_setting(path: str | None, key: str) -> Any:
+    """``key`` of the ``--config`` file at ``path``, read with tomllib alone (loading the
+    whole file imports the service, and with it ``ssl``); None when absent or unreadable
+    (:func:`~aqueduct_spark.cli.config.load_config` then says what is wrong)."""
+    import tomllib
+
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f).get(key)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _tls_suites(given: Any) -> None:
     from aqueduct_core.transport import tls_suites
 
-    suites = tls_suites.check(args.tls_suites or tls_suites.DEFAULT)
+    suites = tls_suites.check(given if isinstance(given, str) else tls_suites.DEFAULT)
     why = tls_suites.prefer(suites)
     if why is not None:
         logging.getLogger("aqueduct.service").info("--tls-suites %s not applied: %s", suites, why)

@@ -78,3 +78,36 @@ def test_a_bad_suite_list_names_the_fix(bad: str) -> None:
     with pytest.raises(ValueError, match="joined by ':'"):
         tls_suites.check(bad)
     assert tls_suites.check("openssl") == "openssl"
+
+
+def test_a_service_configured_by_file_prefers_aes128_gcm_too(tmp_path: Path) -> None:
+    """``serve --config FILE`` loads the service (and ``ssl``) to read the file: the suites
+    are set before that, from the flag or the file's ``tls_suites``."""
+    config = tmp_path / "serve.toml"
+    config.write_text('host = "0.0.0.0"\nport = 0\n')  # refused (no token): stops at once
+    script = (
+        "import sys\nfrom aqueduct_spark.cli import main\ncode = main(sys.argv[1:])\n"
+        "from aqueduct_core.transport import tls_suites\nprint(code, tls_suites.current()[0])"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENSSL_CONF", "AQUEDUCT_TOKEN")}
+    for extra, first in (([], "TLS_AES_128_GCM_SHA256"), (["--tls-suites", "openssl"], None)):
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                script,
+                "serve",
+                "--root",
+                str(tmp_path),
+                "--config",
+                str(config),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        code, got = run.stdout.split()
+        assert code == "2" and "no token is set" in run.stderr, run.stderr
+        assert got == (first or "TLS_AES_256_GCM_SHA384"), run.stderr

@@ -20,7 +20,7 @@ PACKAGES = ("aqueduct_core", "aqueduct_spark", "pyspark_aqueduct")
 # from one above. Layers sharing a rank (written as a tuple) are siblings that must not
 # import each other. The first matching prefix names a module's layer (longest first).
 LAYERS: list[tuple[str, ...]] = [
-    ("aqueduct_core.lazy",),  # how package front doors import on first use
+    ("aqueduct_core.lazy", "aqueduct_core.host"),  # front doors' imports; the host's cores
     ("aqueduct_core.errors",),
     ("aqueduct_core.wire",),
     ("aqueduct_core.engine",),

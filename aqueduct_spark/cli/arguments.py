@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from aqueduct_core.host import usable_cores
 from aqueduct_spark.cli import maintenance, staging
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
@@ -525,8 +526,7 @@ def auto_workers(cores: int | None = None) -> int:
     (a Spark job's tasks) uses the cores only through several processes; on two cores the
     clients and the service's decoding threads already contend for the second."""
     if cores is None:
-        affinity = getattr(os, "sched_getaffinity", None)
-        cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+        cores = usable_cores()
     return cores if cores > 2 else 1
 
 

@@ -11,7 +11,6 @@ and :class:`AqueductPushdownReader` is the one the option ``pushDownPredicate=tr
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -36,6 +35,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from aqueduct_core.host import usable_cores
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.spread import plan_orders, split_bytes
 from aqueduct_spark.client.urls import parse_endpoints
@@ -126,10 +126,7 @@ def driver_cores() -> int:
     """The cores of the machine that plans the read: the parallelism a small table is spread
     over, as Spark's ``minPartitionNum`` defaults to its default parallelism (which a Python
     data source cannot see; under ``local[*]`` they are the same)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity on this platform
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 class AqueductPushdownReader(AqueductReader):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from aqueduct_core.host import usable_cores
 from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split
 
 from .binding import Condition
@@ -305,8 +305,7 @@ THREADS_FROM = 1 << 20
 """A split of at least this many bytes decodes its columns on Arrow's threads, on a machine
 with more than two usable cores (:data:`DECODE_THREADS`). Below, the threads cost more than
 they save: 0.37 against 0.21 ms of CPU per 3 KB file of 4 columns."""
-_affinity = getattr(os, "sched_getaffinity", None)
-DECODE_THREADS = (len(_affinity(0)) if _affinity is not None else os.cpu_count() or 1) > 2
+DECODE_THREADS = usable_cores() > 2
 """Whether large splits decode on Arrow's threads at all. With two cores or fewer the other
 core is busy already (the event loop's TLS, another scan, a client on the same host), and
 decoding on threads cost 10-20% more CPU per GB for no speed (issue 28, memory-mapped

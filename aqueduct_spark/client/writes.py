@@ -281,7 +281,8 @@ class WriteCodec:
         if self.policy is not None:
             now = time.monotonic()
             self.policy.sent(setting.partition(":")[0], arrow, wire, took, took, now)
-            self.policy.path(conn.path(), now)
+            if self.policy.due(now):  # TCP_INFO once per interval, as a scan's sender
+                self.policy.path(conn.path(), now)
 
 
 def _cancel(tx: Any) -> None:

@@ -48,7 +48,9 @@ async def open_connection(
     started = loop.time()
     budget = config.connect_timeout
     tries = Retrying(RetryPolicy.of(config))
+    rounds = 0
     while True:
+        rounds += 1
         lost: list[tuple[Endpoint, str]] = []  # failures that may heal (a service starting)
         wrong: list[tuple[Endpoint, str]] = []  # failures that cannot, as configured
         refused = 0
@@ -90,7 +92,9 @@ async def open_connection(
         pause = tries.delay(ConnectionLost("unreachable"))
         if pause is None or elapsed + pause >= budget:
             raise ServiceUnreachable(
-                unreachable_message(config.url, endpoints, lost + wrong, elapsed, refused > 0)
+                unreachable_message(
+                    config.url, endpoints, lost + wrong, elapsed, refused > 0, rounds
+                )
             )
         log.debug("cannot reach %s yet (%s); trying again in %.2f s", config.url, lost, pause)
         await asyncio.sleep(pause)
@@ -109,8 +113,10 @@ def unreachable_message(
     answers: list[tuple[Endpoint, str]],
     elapsed: float,
     refused: bool,
+    rounds: int = 1,
 ) -> str:
-    """What a user reads when no address answered: the URL, what each said, and the fix."""
+    """What a user reads when no address answered: the URL, what each said, how many times
+    (``rounds`` over every address) in how long, and the fix."""
     ports = {e.port for e in endpoints}
     port = next(iter(ports)) if len(ports) == 1 else DEFAULT_PORT
     serve = "aqueduct serve" + ("" if port == DEFAULT_PORT else f" --port {port}")
@@ -123,5 +129,9 @@ def unreachable_message(
         fix += "; if it is running, a firewall may drop UDP and TCP to that port"
     return (
         f"cannot reach the dataset service at {_each(url, answers)} "
-        f"(tried for {elapsed:.1f} s). {fix}."
+        f"(tried {_times(rounds)} in {elapsed:.1f} s). {fix}."
     )
+
+
+def _times(rounds: int) -> str:
+    return "once" if rounds == 1 else f"{rounds} times"

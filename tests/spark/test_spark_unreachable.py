@@ -1,35 +1,33 @@
-"""A Spark read of a closed port fails within 5 s beyond what Spark itself takes to fail a
-read, with the client's message: the URL and how to start a service."""
+"""A Spark read of a closed port fails fast with the client's message: the URL and how to
+start a service. Counted rather than timed (Spark's own share of the time, a Python worker
+started to ask the source for its schema, grows with the machine's load): the client's
+rounds, each answered at once by the closed port, and one failure, not retried."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aqueduct_spark.client import ClientConfig
 from aqueduct_spark.testing import closed_port
 
 pytestmark = pytest.mark.spark
 
 
-def failing_read(spark: Any, **options: str) -> tuple[float, str]:
+def test_a_spark_read_of_a_wrong_port_fails_fast_with_the_clients_message(spark: Any) -> None:
+    url = f"quic://127.0.0.1:{closed_port()}"
     started = time.monotonic()
     with pytest.raises(Exception) as failed:
-        spark.read.format("aqueduct").options(**options).load("trips").collect()
-    return time.monotonic() - started, str(failed.value)
-
-
-def test_a_spark_read_of_a_wrong_port_fails_within_5_s(spark: Any, tmp_path: Path) -> None:
-    url = f"quic://127.0.0.1:{closed_port()}"
-    # What Spark takes to fail a read in the data source without any connection (it starts
-    # a Python process to ask the source for its schema): not the client's to shorten.
-    failing_read(spark, url=url, cafile=str(tmp_path / "missing.pem"))  # warm-up
-    spark_alone, _ = failing_read(spark, url=url, cafile=str(tmp_path / "missing.pem"))
-    took, message = failing_read(spark, url=url, fingerprint="AB" * 32)
-    print(
-        f"a Spark read of a wrong port failed after {took:.2f} s (Spark alone {spark_alone:.2f} s)"
-    )
+        spark.read.format("aqueduct").options(url=url, fingerprint="AB" * 32).load(
+            "trips"
+        ).collect()
+    took = time.monotonic() - started
+    message = str(failed.value)
+    print(f"a Spark read of a wrong port failed after {took:.2f} s")
     assert url in message and "aqueduct serve" in message, message
-    assert took - spark_alone <= 5.0
+    assert "nothing listens there" in message, message  # the host's answer, not a timeout
+    # The default rounds (1 + retries, the pauses between them 2.8 s at most), no more.
+    assert f"(tried {ClientConfig.retries + 1} times in " in message, message
+    assert took < 60  # a backstop only: Spark alone takes ~2 s here, more under load

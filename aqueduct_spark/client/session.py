@@ -91,6 +91,8 @@ class Session:
         self._closing: set[asyncio.Future[None]] = set()
         self._reached = False
         """Whether a connection to the service was ever opened (see :meth:`_reopen`)."""
+        self._had: set[str] = set()
+        """The lanes that ever held a connection (one gone from such a lane went away)."""
         self._missed: dict[str, float] = {}
         """A transport a lane asked for and did not get, and when (monotonic)."""
         self._heard: weakref.WeakKeyDictionary[Connection, float] = weakref.WeakKeyDictionary()
@@ -139,6 +141,7 @@ class Session:
             conn = self._open(lane) or self._shared(lane)
             if conn is not None:
                 self._conns[lane] = conn
+                self._had.add(lane)
                 return conn
             headers: list[tuple[bytes, bytes]] = [(P.H_VERSION, str(P.PROTOCOL_VERSION).encode())]
             if self.config.token:
@@ -163,6 +166,7 @@ class Session:
                         conn = held
                         break
             self._conns[lane] = conn
+            self._had.add(lane)
             self._answered(conn)  # its handshake just proved it
             return conn
 

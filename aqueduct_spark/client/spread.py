@@ -62,7 +62,7 @@ import pyarrow as pa
 from aqueduct_core.errors import ConnectionLost
 from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.retry import Retrying, RetryPolicy
-from aqueduct_spark.client.session import BULK
+from aqueduct_spark.client.session import BULK, CONTROL
 from aqueduct_spark.client.urls import Endpoint
 
 if TYPE_CHECKING:
@@ -79,6 +79,7 @@ class BulkClient(Protocol):
 
     config: ClientConfig
     _reached: bool
+    _had: set[str]
     _heard: weakref.WeakKeyDictionary[Connection, float]
 
     def __init__(self, config: ClientConfig) -> None: ...
@@ -325,6 +326,13 @@ def split_bytes(split: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> int |
     return sum(b for b in sizes if isinstance(b, int))
 
 
+def _went_away(client: BulkClient) -> bool:
+    """Whether ``client``'s bulk connection went away, or every connection it had did."""
+    if client._held(BULK) is not None or not client._reached:
+        return False
+    return BULK in client._had or client._held(CONTROL) is None
+
+
 class Spreader:
     """The bulk work of one :class:`~aqueduct_spark.client.AsyncClient` whose URL names
     several endpoints: a client of each endpoint (made when first needed, dropped when its
@@ -339,9 +347,11 @@ class Spreader:
     def client(self, index: int) -> BulkClient:
         """The client of endpoint ``index``. It makes one connection attempt round (the
         spread does the retrying, elsewhere); one whose connection went away is replaced,
-        so that a dead endpoint fails at once instead of being waited for."""
+        so that a dead endpoint fails at once instead of being waited for. A client that holds
+        only its control connection (a whole write between its begin and its data) has lost
+        nothing: replacing it would close it under that write."""
         found = self._clients.get(index)
-        if found is not None and found._reached and found._held(BULK) is None:
+        if found is not None and _went_away(found):
             self.drop(index)
             found = None
         if found is None:

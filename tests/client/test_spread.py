@@ -192,3 +192,26 @@ def test_a_whole_write_counts_at_its_endpoint_until_its_commit_is_answered() -> 
         assert await spreader.write(refused, commit, 1000) == 1  # 0 left alone meanwhile
 
     asyncio.run(run())
+
+
+def test_a_client_holding_only_its_control_connection_is_not_replaced() -> None:
+    """A whole write holds its endpoint's control connection from its begin until its data
+    opens the bulk lane: a second write choosing that endpoint meanwhile must reuse the
+    client, not close it under the first (issue 30's intermittent socket leak)."""
+    from types import SimpleNamespace
+
+    from aqueduct_spark.client.session import BULK, CONTROL
+    from aqueduct_spark.client.spread import _went_away
+
+    def client(reached: bool, had: set[str], open_lanes: set[str]) -> Any:
+        return SimpleNamespace(
+            _reached=reached,
+            _had=had,
+            _held=lambda lane=CONTROL: object() if lane in open_lanes else None,
+        )
+
+    assert not _went_away(client(False, set(), set()))  # new: nothing to lose
+    assert not _went_away(client(True, {CONTROL}, {CONTROL}))  # a write between begin and data
+    assert not _went_away(client(True, {CONTROL, BULK}, {CONTROL, BULK}))
+    assert _went_away(client(True, {CONTROL, BULK}, {CONTROL}))  # its bulk connection died
+    assert _went_away(client(True, {CONTROL}, set()))  # every connection it had died

@@ -352,24 +352,25 @@ class Spreader:
         nothing: replacing it would close it under that write."""
         found = self._clients.get(index)
         if found is not None and _went_away(found):
-            self.drop(index)
+            self.drop(index, found)
             found = None
         if found is None:
             config = replace(self.owner.config, url=str(self.spread.endpoints[index]), retries=0)
             found = self._clients[index] = type(self.owner)(config)
         return found
 
-    def drop(self, index: int) -> None:
-        """Forget endpoint ``index``'s client and close it in the background."""
-        found = self._clients.pop(index, None)
-        if found is not None:
+    def drop(self, index: int, found: BulkClient) -> None:
+        """Forget endpoint ``index``'s client ``found`` and close it in the background; a
+        newer client made there meanwhile (another piece of work's) is left alone."""
+        if self._clients.get(index) is found:
+            del self._clients[index]
             closing = asyncio.ensure_future(_close_quietly(found))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
-    def _failed(self, index: int, exc: BaseException, what: str) -> None:
+    def _failed(self, index: int, client: BulkClient, exc: BaseException, what: str) -> None:
         self.spread.failed(index)
-        self.drop(index)
+        self.drop(index, client)
         log.warning(
             "%s at %s failed (%s); avoiding it for a while",
             what,
@@ -452,7 +453,7 @@ class Spreader:
                 if kind not in _FAILOVER and not (kind is Kind.WAIT and attempts.others()):
                     raise
                 if kind in _FAILOVER:
-                    self._failed(index, exc, f"a scan (resuming after row {rows})")
+                    self._failed(index, client, exc, f"a scan (resuming after row {rows})")
                 attempts.missed(index, exc)
             finally:
                 closing = getattr(scan, "aclose", None)  # an async generator's
@@ -483,14 +484,14 @@ class Spreader:
                 except Exception as exc:
                     if classify(exc) not in _FAILOVER:
                         raise
-                    self._failed(index, exc, "a write")
+                    self._failed(index, client, exc, "a write")
                     attempts.missed(index, exc)
                     continue
                 try:
                     staged = await client.write_task(txn, _counting(batches, counted), task=task)
                 except Exception as exc:
                     if classify(exc) in _FAILOVER:
-                        self._failed(index, exc, "a write")
+                        self._failed(index, client, exc, "a write")
                     raise
                 finally:
                     if size is None:
@@ -518,14 +519,14 @@ class Spreader:
                 except Exception as exc:
                     if classify(exc) not in _FAILOVER:
                         raise
-                    self._failed(index, exc, "a write's begin")
+                    self._failed(index, client, exc, "a write's begin")
                     attempts.missed(index, exc)
                     continue
                 try:
                     result = await finish(client, txn)
                 except Exception as exc:
                     if classify(exc) in _FAILOVER:
-                        self._failed(index, exc, "a write")
+                        self._failed(index, client, exc, "a write")
                     raise
             self.spread.succeeded(index)
             return result

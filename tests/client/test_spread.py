@@ -215,3 +215,50 @@ def test_a_client_holding_only_its_control_connection_is_not_replaced() -> None:
     assert not _went_away(client(True, {CONTROL, BULK}, {CONTROL, BULK}))
     assert _went_away(client(True, {CONTROL, BULK}, {CONTROL}))  # its bulk connection died
     assert _went_away(client(True, {CONTROL}, set()))  # every connection it had died
+
+
+class _Held:
+    """A client of one endpoint as a :class:`Spreader` sees it: which lanes hold an open
+    connection, and whether it was closed."""
+
+    def __init__(self, config: Any, lanes: tuple[str, ...] = ()) -> None:
+        self.config = config
+        self._reached = bool(lanes)
+        self.lanes = lanes
+        self.closed = False
+
+    def _held(self, lane: str = "bulk") -> object | None:
+        return object() if lane in self.lanes else None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_a_late_failure_of_a_replaced_client_leaves_the_newer_one_alone() -> None:
+    """A failure seen on an endpoint's older client (dropped already) must not close the newer
+    one another piece of work made there since: that closed a connection under its owner
+    ("connection lost: closed (close code 0)" on a begin)."""
+    import asyncio
+    from dataclasses import dataclass
+
+    from aqueduct_spark.client.spread import Spreader
+
+    @dataclass(frozen=True)
+    class Config:
+        url: str = "quic://a:1"
+        retries: int = 3
+
+    async def main() -> None:
+        spreader = Spreader(_Held(Config()), [Endpoint("a", 1)])  # type: ignore[arg-type]
+        old = spreader.client(0)
+        spreader._failed(0, old, ConnectionError("lost"), "a write")  # type: ignore[arg-type]
+        fresh = spreader.client(0)
+        assert fresh is not old
+        spreader._failed(0, old, ConnectionError("lost"), "a write")  # type: ignore[arg-type]
+        assert spreader.client(0) is fresh
+        await asyncio.wait(list(spreader._closing))  # the background close of the old one
+        assert old.closed and not fresh.closed  # type: ignore[attr-defined]
+        await spreader.close()
+        assert fresh.closed  # type: ignore[attr-defined]
+
+    asyncio.run(main())

@@ -43,7 +43,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from aqueduct_core.api import Connection, oneshot
-from aqueduct_core.errors import AqueductError, WouldBlock
+from aqueduct_core.errors import AqueductError, ConnectionLost, WouldBlock
 from aqueduct_core.transport import dial
 from aqueduct_core.transport.dial import REMEMBER, resolve_transport
 from aqueduct_spark import protocol as P
@@ -89,6 +89,11 @@ class Session:
         """Each lane's connection (two lanes may hold the same one)."""
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Future[None]] = set()
+        self._retired: set[Connection] = set()
+        """Connections no lane uses any more that were still open (see :meth:`_forget`)."""
+        self._closes = 0
+        """How many times :meth:`close` ran: a connection that finishes opening after a close
+        that began while it was being opened is closed, not kept (nobody would close it)."""
         self._reached = False
         """Whether a connection to the service was ever opened (see :meth:`_reopen`)."""
         self._had: set[str] = set()
@@ -148,10 +153,14 @@ class Session:
                 headers.append((P.H_TOKEN, self.config.token.encode()))
             want = self._wants(lane)
             prefer = PREFERRED[lane]  # what auto races first; a fixed transport ignores it
+            closes = self._closes
             if not self._reached:
                 conn = await open_connection(self.config, self._endpoints, headers, prefer)
             else:
                 conn = await self._reopen(headers, prefer)
+            if self._closes != closes:
+                await conn.close()
+                raise ConnectionLost("the client was closed while it connected")
             self._reached = True
             if conn.transport == want:
                 self._missed.pop(want, None)
@@ -196,17 +205,23 @@ class Session:
         closing.add_done_callback(self._closing.discard)
 
     def _forget(self, conn: Connection | None) -> None:
-        """No lane uses ``conn`` any more."""
+        """No lane uses ``conn`` any more. One still open is kept for :meth:`close`: requests
+        under way on it finish there, and its socket is closed with the session's."""
         for lane in [lane for lane, c in self._conns.items() if c is conn]:
             del self._conns[lane]
+        self._retired = {c for c in self._retired if not c.is_closed}
+        if conn is not None and not conn.is_closed and conn not in self._conns.values():
+            self._retired.add(conn)
 
     async def close(self) -> None:
         """Finish the entrypoint channels and close the connections (code 0); return once every
         socket this session had is closed, so a loop that ends next leaks none: a connection
         that ended already (its idle timeout, the service's CLOSE) may still be closing its
         socket (TLS closes with a round trip), and so may those dropped in the background."""
-        conns = list({id(c): c for c in self._conns.values()}.values())
+        self._closes += 1
+        conns = list({id(c): c for c in [*self._conns.values(), *self._retired]}.values())
         self._conns.clear()
+        self._retired.clear()
         for conn in conns:
             if not conn.is_closed:
                 # The entrypoint may be gone already (ended by its garbage-collection backstop,

@@ -472,32 +472,16 @@ class Spreader:
     ) -> dict[str, Any]:
         """:meth:`Writes.write_task` on the endpoint that can take it; on another if that
         one fails before any data went out."""
-        attempts = _Attempts(self, size, prefer)
-        while True:
-            index = await attempts.next()
-            client = self.client(index)
-            counted = _Counted()
-            # Counted from the choice on: writes chosen meanwhile see this one under way.
-            with self.spread.lease(index, size) as lease:
-                try:
-                    await client._live_connection(BULK)
-                except Exception as exc:
-                    if classify(exc) not in _FAILOVER:
-                        raise
-                    self._failed(index, client, exc, "a write")
-                    attempts.missed(index, exc)
-                    continue
-                try:
-                    staged = await client.write_task(txn, _counting(batches, counted), task=task)
-                except Exception as exc:
-                    if classify(exc) in _FAILOVER:
-                        self._failed(index, client, exc, "a write")
-                    raise
-                finally:
-                    if size is None:
-                        lease.moved = counted.bytes
-            self.spread.succeeded(index)
-            return staged
+        counted = _Counted()
+
+        async def send(client: BulkClient, _: object, lease: Lease) -> dict[str, Any]:
+            try:
+                return await client.write_task(txn, _counting(batches, counted), task=task)
+            finally:
+                if size is None:
+                    lease.moved = counted.bytes
+
+        return await self._placed(size, prefer, lambda c: c._live_connection(BULK), send, "a write")
 
     async def write(
         self,
@@ -509,21 +493,39 @@ class Spreader:
         that can take it, counted there until its commit is answered: a process slow to
         commit keeps its writes longer, so it gets fewer. On another endpoint if ``begin``
         fails there (nothing is staged yet); a failure after that is the caller's."""
-        attempts = _Attempts(self, size, None)
+
+        async def then(client: BulkClient, txn: Transaction, _: Lease) -> T:
+            return await finish(client, txn)
+
+        return await self._placed(size, None, begin, then, "a write's begin")
+
+    async def _placed(
+        self,
+        size: int | None,
+        prefer: int | None,
+        first: Callable[[Any], Awaitable[Any]],
+        then: Callable[[Any, Any, Lease], Awaitable[T]],
+        what: str,
+    ) -> T:
+        """``first`` at the endpoint that can take the write (nothing sent yet: on another
+        if it fails there), then ``then`` at the same one; counted there from the choice on
+        (writes chosen meanwhile see this one under way) until ``then`` ends. A failure in
+        ``then`` is the caller's."""
+        attempts = _Attempts(self, size, prefer)
         while True:
             index = await attempts.next()
             client = self.client(index)
-            with self.spread.lease(index, size):
+            with self.spread.lease(index, size) as lease:
                 try:
-                    txn = await begin(client)
+                    got = await first(client)
                 except Exception as exc:
                     if classify(exc) not in _FAILOVER:
                         raise
-                    self._failed(index, client, exc, "a write's begin")
+                    self._failed(index, client, exc, what)
                     attempts.missed(index, exc)
                     continue
                 try:
-                    result = await finish(client, txn)
+                    result = await then(client, got, lease)
                 except Exception as exc:
                     if classify(exc) in _FAILOVER:
                         self._failed(index, client, exc, "a write")

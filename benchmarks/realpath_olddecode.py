@@ -3,7 +3,7 @@
 
 * Parquet read through a 1 MiB buffered stream, not memory-mapped, and decoded on Arrow's
   threads for every split of 1 MiB or more whatever the cores (new: ``scan._mapped``,
-  ``scan.DECODE_THREADS``);
+  ``scan.decode_threads``);
 * OpenSSL's TLS 1.3 order, AES-256-GCM first (new: ``--tls-suites``, AES-128-GCM first).
 
 ``python -m benchmarks.realpath_olddecode serve ...`` runs ``aqueduct serve ...`` that way.

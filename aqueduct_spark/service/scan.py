@@ -31,11 +31,14 @@ scanner).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 from urllib.parse import unquote
 
@@ -302,15 +305,45 @@ def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Record
 
 
 THREADS_FROM = 1 << 20
-"""A split of at least this many bytes decodes its columns on Arrow's threads, on a machine
-with more than two usable cores (:data:`DECODE_THREADS`). Below, the threads cost more than
-they save: 0.37 against 0.21 ms of CPU per 3 KB file of 4 columns."""
-DECODE_THREADS = usable_cores() > 2
-"""Whether large splits decode on Arrow's threads at all. With two cores or fewer the other
-core is busy already (the event loop's TLS, another scan, a client on the same host), and
-decoding on threads cost 10-20% more CPU per GB for no speed (issue 28, memory-mapped
-bench table under load: 2.56-2.81 s/GB on one thread against 3.04-3.07 on Arrow's): the
-rule of ``serve --workers auto`` (a process per core only above two)."""
+"""A split of at least this many bytes decodes its columns on Arrow's threads when a core is
+free for them (:func:`decode_threads`). Below, the threads cost more than they save: 0.37
+against 0.21 ms of CPU per 3 KB file of 4 columns."""
+CORES = usable_cores()
+
+
+class _Decoding:
+    """How many large splits this process is decoding now (their readers are open)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+
+    @contextlib.contextmanager
+    def one(self) -> Iterator[int]:
+        """Count one more for the block; yields how many others were decoding at its start."""
+        with self._lock:
+            others = self.now
+            self.now += 1
+        try:
+            yield others
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+DECODING = _Decoding()
+
+
+def decode_threads(others: int, cores: int = CORES) -> bool:
+    """Whether a large split decodes on Arrow's threads, given how many other large splits
+    this process is decoding. Only while the others leave a core free: one scan alone on two
+    cores decodes 10-17% faster on threads at no more CPU per GB (issue 28, bench table, quiet
+    machine, 10M rows across namespaces: 1.09-1.12x Flight against 0.94-0.99x on one thread,
+    service 4.8-5.3 s/GB either way), while with every core taken (more scans, or under load)
+    the threads cost 10-20% more CPU per GB for no speed (2.56-2.81 s/GB on one thread against
+    3.04-3.07 on Arrow's, measured with the cores busy). Other processes on the host are not
+    seen: a service sharing its cores with other work decodes one scan on threads too."""
+    return cores > 2 or others + 1 < cores
 
 
 class SplitReader:
@@ -369,7 +402,8 @@ class SplitReader:
     def read(self, split: Split) -> Iterator[pa.RecordBatch]:
         """Stream the rows of one split. Call after checking the file exists."""
         try:
-            with self._open(split.path) as f:
+            large = split.bytes >= THREADS_FROM
+            with self._open(split.path) as f, DECODING.one() if large else nullcontext(0) as others:
                 pf = pq.ParquetFile(f, pre_buffer=not self.local)
                 stored = self._stored(pf)
                 row_groups = list(split.row_groups) if split.row_groups is not None else None
@@ -377,7 +411,7 @@ class SplitReader:
                     batch_size=self.batch_rows,
                     row_groups=row_groups,
                     columns=stored,
-                    use_threads=DECODE_THREADS and split.bytes >= THREADS_FROM,
+                    use_threads=large and decode_threads(others),
                 ):
                     if batch.num_rows == 0:
                         continue

@@ -321,3 +321,33 @@ def test_a_file_deleted_during_its_scan_is_read_to_the_end(tmp_path: Path) -> No
     os.unlink(tmp_path / "t" / split.path)
     rows = first.num_rows + sum(b.num_rows for b in batches)
     assert rows == N
+
+
+def test_large_splits_decode_on_threads_only_while_a_core_is_free() -> None:
+    from aqueduct_spark.service.scan import decode_threads
+
+    assert decode_threads(0, cores=2)  # one scan alone on two cores: Arrow's threads
+    assert not decode_threads(1, cores=2)  # a second scan takes the other core
+    assert not decode_threads(0, cores=1)
+    assert decode_threads(7, cores=4)  # above two cores, as before
+
+
+def test_a_scan_stops_counting_as_decoding_when_finished_or_abandoned(
+    shared: tuple[Store, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An abandoned scan that kept counting would keep every later scan off the threads."""
+    from aqueduct_spark.service import scan as scan_module
+
+    monkeypatch.setattr(scan_module, "THREADS_FROM", 0)  # every split counts as large
+    store, _ = shared
+    splits = store.plan("t").splits
+    finished = list(store.scan(splits[0]))
+    assert finished and scan_module.DECODING.now == 0
+    open_scans = [iter(store.scan(split)) for split in splits[:2]]
+    for scan in open_scans:
+        next(scan)
+    del scan
+    assert scan_module.DECODING.now == 2
+    open_scans[0].close()  # type: ignore[attr-defined]
+    del open_scans[:]  # the other is dropped unfinished
+    assert scan_module.DECODING.now == 0

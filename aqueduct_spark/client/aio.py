@@ -1,6 +1,6 @@
 """:class:`AsyncClient`, the asyncio client: the requests about datasets, and the read,
 write and push sides it inherits (``reads``, ``writes``, ``subscriptions``). With several
-endpoints in its URL, scans and writes are spread over them (:mod:`.spread`)."""
+endpoints in its URL, scans and writes are spread over them (:mod:`.spread`, :mod:`.spreader`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from aqueduct_spark.client import frames
 from aqueduct_spark.client.config import ClientConfig
 from aqueduct_spark.client.models import DatasetInfo, Transaction
 from aqueduct_spark.client.reads import Reads
-from aqueduct_spark.client.spread import Preference, Spreader
+from aqueduct_spark.client.spread import Preference
+from aqueduct_spark.client.spreader import Spreader
 from aqueduct_spark.client.subscriptions import Subscriptions
 from aqueduct_spark.client.writes import Writes
 

@@ -255,7 +255,7 @@ class Writes(Session):
     ) -> dict[str, Any]:
         """A whole write (:meth:`write`: its begin, then its data and commit) of ``size``
         bytes, all at one service process: here. A client of several endpoints picks one
-        per write (:meth:`.spread.Spreader.write`)."""
+        per write (:meth:`.spreader.Spreader.write`)."""
         return await finish(self, await begin(self))
 
     async def append(self, name: str, data: Any, **kw: Any) -> dict[str, Any]:

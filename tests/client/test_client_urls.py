@@ -146,7 +146,7 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
     import os
     import signal
 
-    from aqueduct_spark.client import spread as spread_module
+    from aqueduct_spark.client import spreader as spread_module
 
     port = service.url.rsplit(":", 1)[1]
     url = f"quic://127.0.0.1:{closed_port()},{service.url},tcp://127.0.0.1:{port}"

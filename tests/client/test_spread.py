@@ -151,7 +151,7 @@ def test_a_whole_write_counts_at_its_endpoint_until_its_commit_is_answered() -> 
 
     from aqueduct_core.errors import ConnectionLost
     from aqueduct_spark.client import ClientConfig
-    from aqueduct_spark.client.spread import Spreader
+    from aqueduct_spark.client.spreader import Spreader
 
     class Owner:
         config = ClientConfig("quic://w1:1,quic://w2:1", retries=0)
@@ -201,7 +201,7 @@ def test_a_client_holding_only_its_control_connection_is_not_replaced() -> None:
     from types import SimpleNamespace
 
     from aqueduct_spark.client.session import BULK, CONTROL
-    from aqueduct_spark.client.spread import _went_away
+    from aqueduct_spark.client.spreader import _went_away
 
     def client(reached: bool, had: set[str], open_lanes: set[str]) -> Any:
         return SimpleNamespace(
@@ -241,7 +241,7 @@ def test_a_late_failure_of_a_replaced_client_leaves_the_newer_one_alone() -> Non
     import asyncio
     from dataclasses import dataclass
 
-    from aqueduct_spark.client.spread import Spreader
+    from aqueduct_spark.client.spreader import Spreader
 
     @dataclass(frozen=True)
     class Config:

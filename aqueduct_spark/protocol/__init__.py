@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         read_data_message,
         schema_from_bytes,
         schema_to_bytes,
+        skipped_rows,
     )
     from .compression import (
         AUTO,
@@ -152,6 +153,7 @@ __all__ = [
     "require_int",
     "schema_from_bytes",
     "schema_to_bytes",
+    "skipped_rows",
     "staged_list",
     "to_wire_filters",
     "unwrap",

@@ -266,8 +266,37 @@ def describe_size(message: DataMessage) -> str:
     return f"{mib:.1f} MiB once decompressed" if message.compressed else f"{mib:.1f} MiB"
 
 
-def batch_header(rows: int, seq: int) -> tuple[bytes, bytes]:
-    return (H_BATCH, cbor2.dumps({"rows": rows, "seq": seq}))
+def batch_header(rows: int, seq: int, skipped: int = 0) -> tuple[bytes, bytes]:
+    """A data message's ``aqds-batch-4b1f0a`` header; ``skipped``: on a resumed scan's first
+    message, the rows the service left out at the start as asked (``skip_rows``)."""
+    fields = {"rows": rows, "seq": seq}
+    if skipped:
+        fields["skipped"] = skipped
+    return (H_BATCH, cbor2.dumps(fields))
+
+
+def skipped_rows(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The rows a scan's service says it left out before this message (``skipped`` of its
+    ``aqds-batch-4b1f0a`` header): 0 when the header or the field is absent, as from a
+    service older than ``skip_rows``. A header that cannot be read is an error: whether
+    rows were left out could not be told."""
+    raw = find_header(headers, H_BATCH)
+    if raw is None:
+        return 0
+    try:
+        fields = cbor2.loads(raw)
+    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
+        raise InvalidRequest(
+            f"the service sent a data message whose batch header is not CBOR ({exc}); check "
+            "that the URL is the dataset service you expect"
+        ) from None
+    skipped = fields.get("skipped", 0) if isinstance(fields, dict) else 0
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        raise InvalidRequest(
+            f"the service says it skipped {skipped!r:.40} rows of a scan, not a count; check "
+            "that the URL is the dataset service you expect"
+        )
+    return skipped
 
 
 def error_header(exc: DatasetError) -> tuple[bytes, bytes]:

@@ -52,6 +52,7 @@ from aqueduct_core.host import usable_cores
 from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split
 
 from .binding import Condition
+from .resume import Skip
 
 MAX_ROW_CLASSES = 64
 _FOOTER_THREADS = 8
@@ -399,14 +400,19 @@ class SplitReader:
             self._last = (schema, stored)
         return self._last[1]
 
-    def read(self, split: Split) -> Iterator[pa.RecordBatch]:
-        """Stream the rows of one split. Call after checking the file exists."""
+    def read(self, split: Split, skip: Skip | None = None) -> Iterator[pa.RecordBatch]:
+        """Stream the rows of one split, without those ``skip`` still leaves out (a resumed
+        scan: :mod:`.resume`). Call after checking the file exists."""
         try:
             large = split.bytes >= THREADS_FROM
             with self._open(split.path) as f, DECODING.one() if large else nullcontext(0) as others:
                 pf = pq.ParquetFile(f, pre_buffer=not self.local)
                 stored = self._stored(pf)
                 row_groups = list(split.row_groups) if split.row_groups is not None else None
+                if skip is not None and skip.rows and self.filter is None:
+                    row_groups = skip.pass_over(pf.metadata, row_groups)
+                    if not row_groups:
+                        return
                 for batch in pf.iter_batches(
                     batch_size=self.batch_rows,
                     row_groups=row_groups,
@@ -424,6 +430,11 @@ class SplitReader:
                         batch = batch.filter(self.filter)
                         if batch.num_rows == 0:
                             continue
+                    if skip is not None and skip.rows:
+                        kept = skip.cut(batch)
+                        if kept is None:
+                            continue
+                        batch = kept
                     if len(self.needed) != len(self.columns):
                         batch = batch.select(self.columns)
                     if self.cast:

@@ -48,6 +48,7 @@ from aqueduct_spark.service.changes import scan_change
 from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
+from aqueduct_spark.service.resume import Skip, skip_rows
 from aqueduct_spark.service.scan_codec import ConnectionCodecs, encoded
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.transactions import StagingConfig, Transactions
@@ -449,14 +450,14 @@ class DatasetService:
         target = P.schema_from_bytes(wanted) if wanted else None
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
         limit = reader_limit(req)
+        skip = Skip(skip_rows(req))  # a resumed scan: rows the reader has (service.resume)
         out.ordered(maxsize=SCAN_QUEUE)
 
         def scan_one(raw: dict[str, Any]) -> Iterator[pa.RecordBatch]:
             if "change_type" in raw:  # a split of the change feed (service.changes)
-                return scan_change(self.store, raw, columns, batch_rows)
-            return self.store.scan(
-                P.Split.from_dict(raw), columns=columns, filter=expression, batch_rows=batch_rows
-            )
+                return skip.drop(scan_change(self.store, raw, columns, batch_rows))
+            split = P.Split.from_dict(raw)
+            return self.store.scan(split, columns, expression, batch_rows, skip)
 
         def scan_all() -> Iterator[pa.RecordBatch]:
             # only files the log shows: no staged file, whatever path a split names
@@ -471,6 +472,7 @@ class DatasetService:
                 columns=columns,
                 filter=expression,
                 batch_rows=batch_rows,
+                skip=skip,
             )
 
         def cast_all() -> Iterator[pa.RecordBatch]:
@@ -483,7 +485,9 @@ class DatasetService:
             item, work = await self._pool.run(session, _timed_next, messages)
             if item is None:
                 break
-            await out.send(item.payload, headers=[P.batch_header(item.rows, seq)])
+            await out.send(
+                item.payload, headers=[P.batch_header(item.rows, seq, skip.confirm(seq))]
+            )
             nbytes = len(item.payload)
             note(rows=item.rows, nbytes=nbytes, direction="out", arrow=item.arrow, codec=item.codec)
             codec.sent(conn, item, work)

@@ -59,6 +59,7 @@ from . import changes, commits, delta_log, delta_types, history, scan, staging, 
 from .binding import Condition
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
+from .resume import Skip
 from .tables import NAME_RE, Snapshot, Tables, delta_error
 
 _MIN_RETENTION = dt.timedelta(days=7)
@@ -384,10 +385,12 @@ class Store(Tables):
         columns: Sequence[str] | None = None,
         filter: Condition | pc.Expression | None = None,
         batch_rows: int = 65536,
+        skip: Skip | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Stream the rows of one split, or of several one after the other (a plan's task):
-        projected, filtered exactly, in the projected schema of each split's version. The
-        small batches of several splits are merged into batches of up to ``batch_rows``.
+        projected, filtered exactly, in the projected schema of each split's version, without
+        the first rows ``skip`` leaves out (a resumed scan). The small batches of several
+        splits are merged into batches of up to ``batch_rows``.
 
         Everything is checked before this returns (a bad split, columns or filter; a missing
         file is :class:`DataLoss`); rows are read as the iterator is consumed, at most a few
@@ -436,7 +439,7 @@ class Store(Tables):
 
         def batches() -> Iterator[pa.RecordBatch]:
             for reader, sp in todo:
-                yield from reader.read(sp)
+                yield from reader.read(sp, skip)
 
         return scan.coalesce(batches(), batch_rows) if many else batches()
 

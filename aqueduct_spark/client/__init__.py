@@ -5,8 +5,8 @@ event-loop thread per process runs every connection (the anyio "blocking portal"
 so Spark's synchronous ``read()``/``write()`` and plain scripts share a connection pool.
 
 Reads, plans and other idempotent requests are retried with exponential backoff when the
-connection is lost; a scan resumes where it stopped (a scan of a pinned version is
-deterministic, so the batches already delivered are skipped). Writes are not retried here:
+connection is lost; a scan resumes where it stopped (a scan of a pinned version yields its
+rows in one order, so the service leaves out the rows already delivered). Writes are not retried here:
 the Spark job retries the task, and only committed staged files ever become visible.
 
 The modules, bottom up: ``config`` (:class:`ClientConfig`), ``urls`` (service addresses),

@@ -69,7 +69,7 @@ class Reads(Session):
     ) -> AsyncIterator[pa.RecordBatch]:
         """Stream one split's batches, or those of a list of splits (a plan's task) one
         after the other, cast by the service to ``schema``. Resumes after a lost connection
-        without repeating or skipping a batch."""
+        from the first row not delivered, without repeating or skipping a row."""
         delivered = 0
         tries = Retrying(RetryPolicy.of(self.config))
         while True:
@@ -78,7 +78,7 @@ class Reads(Session):
                 async for batch in self._scan_once(
                     split, schema, columns, filter, batch_rows, delivered
                 ):
-                    delivered += 1
+                    delivered += batch.num_rows
                     yield batch
                 return
             except BaseException as exc:
@@ -89,7 +89,7 @@ class Reads(Session):
                 if pause is None:
                     raise
                 if classify(exc) is Kind.TRANSIENT:
-                    log.warning("scan interrupted (%s); resuming after batch %d", exc, delivered)
+                    log.warning("scan interrupted (%s); resuming after row %d", exc, delivered)
                 await asyncio.sleep(pause)
 
     async def _scan_once(
@@ -99,8 +99,13 @@ class Reads(Session):
         columns: Sequence[str] | None,
         filter: Any,
         batch_rows: int | None,
-        skip: int,
+        skip_rows: int,
     ) -> AsyncIterator[pa.RecordBatch]:
+        """One scan request's batches, without its first ``skip_rows`` rows (a resumed
+        scan's: those delivered already). The service leaves them out, and says so in its
+        first data message (``skipped``); a service that predates the field sends them all,
+        unconfirmed, and they are dropped here. Exact either way: a scan's rows come in the
+        same order from every service process (``service.resume``)."""
         conn = await self._connection(BULK)  # the request carries the channel: same connection
         compression = P.Compression.parse(self.config.compression)
         headers = [(P.H_SCHEMA, P.schema_to_bytes(schema)), *P.request_headers(compression)]
@@ -119,10 +124,11 @@ class Reads(Session):
                 "filters": to_wire_filters(filter),
                 "batch_rows": batch_rows,
                 "max_batch_bytes": self.config.max_batch_bytes,
+                **({"skip_rows": skip_rows} if skip_rows else {}),
                 "out": tx,
             }
         )
-        seq = 0
+        skip, opening = skip_rows, True  # the first data message says what was skipped
         try:
             while True:
                 try:
@@ -132,9 +138,16 @@ class Reads(Session):
                 error = P.find_header(delivery.headers, P.H_ERROR)
                 if error is not None:
                     raise P.error_from_wire(cbor2.loads(error))
-                if seq >= skip:
-                    yield self._decode(delivery.value, schema)
-                seq += 1
+                if opening:
+                    opening = False
+                    skip -= _confirmed(P.skipped_rows(delivery.headers), skip_rows)
+                batch = self._decode(delivery.value, schema)
+                if skip:  # what the service sent again (one that predates skip_rows)
+                    if batch.num_rows <= skip:
+                        skip -= batch.num_rows
+                        continue
+                    batch, skip = batch.slice(skip), 0
+                yield batch
         finally:
             rx.close()
 
@@ -191,3 +204,14 @@ class Reads(Session):
             task = splits[0] if len(splits) == 1 else splits
             async for batch in self.scan(task, schema=plan.schema, columns=columns, filter=filter):
                 yield batch
+
+
+def _confirmed(skipped: int, asked: int) -> int:
+    """The rows a scan's service says it skipped, checked against those asked: never more
+    (rows would be lost). Fewer is exact too: the rest are dropped here."""
+    if skipped > asked:
+        raise P.InvalidRequest(
+            f"the service says it skipped {skipped} rows of a scan that asked it to skip "
+            f"{asked}; rows would be lost: check that the URL is the dataset service you expect"
+        )
+    return skipped

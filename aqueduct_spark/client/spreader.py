@@ -13,7 +13,9 @@ error alone proves nothing (anyone on the path can forge one, and the connection
 open), but with the silence it is the host's word; a forged one costs a resumed scan.
 
 A scan that loses its endpoint resumes on another from the first row it has not delivered (a
-pinned version's split reads the same rows in the same order on every process); a write is
+pinned version's split reads the same rows in the same order on every process): the service
+leaves out the rows before it, unread where it can and never sent (``skip_rows``: a service
+that predates it sends them, and they are dropped here); a write is
 redirected only if its endpoint fails before any of its data went out (the data is consumed
 as it is sent; after that the failure is the caller's, as with one endpoint: Spark retries
 the task, and staged files of a failed attempt are never committed).
@@ -66,7 +68,7 @@ class BulkClient(Protocol):
         columns: Sequence[str] | None,
         filter: Any,
         batch_rows: int | None,
-        skip: int,
+        skip_rows: int,
     ) -> AsyncIterator[pa.RecordBatch]: ...
     async def write_task(
         self,
@@ -194,9 +196,9 @@ class Spreader:
         attempts = _Attempts(self, size, prefer)
         while True:
             index = await attempts.next()
-            skip = rows
             client = self.client(index)
-            scan = client._scan_once(split, schema, columns, filter, batch_rows, 0)
+            # from the first row not delivered: the service leaves out those before it
+            scan = client._scan_once(split, schema, columns, filter, batch_rows, rows)
             try:
                 with self.spread.lease(index, size):
                     while True:
@@ -204,11 +206,6 @@ class Spreader:
                             batch = await self._watched(client, scan.__anext__())
                         except StopAsyncIteration:
                             break
-                        if skip:
-                            if batch.num_rows <= skip:
-                                skip -= batch.num_rows
-                                continue
-                            batch, skip = batch.slice(skip), 0
                         rows += batch.num_rows
                         yield batch
                 self.spread.succeeded(index)

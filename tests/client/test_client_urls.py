@@ -237,7 +237,10 @@ def test_a_host_killed_mid_scan_is_left_at_once(
     relay process in front of the service (a second ``aqueduct serve`` would cost seconds to
     start; the client sees the same: a killed process's sockets closed by its kernel). A
     small flow-control window keeps the service from sending the scan ahead, so the kill cuts
-    it after its third batch and the little that was in flight. A real service SIGKILLed under Spark: test_scale_out (slow)."""
+    it after its third batch and the little that was in flight. The survivor sends only the
+    rows not delivered (its ``status`` counts the rows its connection carried): the resumed
+    scan asked it to leave out the others. A real service SIGKILLed under Spark:
+    test_scale_out (slow)."""
     import os
     import signal
 
@@ -256,7 +259,7 @@ def test_a_host_killed_mid_scan_is_left_at_once(
         transport=TransportConfig(transport=transport, engine=EngineConfig(flow_window=16 * 1024)),
     )
 
-    async def run() -> list[int]:
+    async def run() -> tuple[list[int], int]:
         async with AsyncClient(config) as client:
             plan = await client.plan(name)
             got: list[int] = []
@@ -272,16 +275,20 @@ def test_a_host_killed_mid_scan_is_left_at_once(
                     os.kill(host.proc.pid, signal.SIGKILL)
                 got += batch.column("id").to_pylist()
             assert spread_for(client._endpoints).avoided() == [True, False]
-            return got
+            assert client._spreader is not None
+            survivor = await client._spreader.client(1).call("status", lane=BULK)
+            (carried,) = [c["rows"] for c in survivor["connections_listed"] if c["yours"]]
+            return got, carried
 
     try:
-        got = asyncio.run(run())
+        got, carried = asyncio.run(run())
     finally:
         host.stop()
     assert sorted(got) == list(range(rows))  # every row exactly once
     assert caplog.text.count("failed (") == 1  # moved once: on the kill, not the pause
     cut = re.search(r"resuming after row (\d+)", caplog.text)
     assert cut is not None and 3_000 <= int(cut[1]) < rows  # cut, with what was in flight
+    assert carried == rows - int(cut[1])  # none of the rows delivered was sent again
     assert told in caplog.text  # known by the host's word, not by STALL s of silence
 
 

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpu_groups import CpuGroups
 from benchmarks.realpath_link import ROOT, bridged_hosts, rate_bits, require_root, spawn_in, stop
 from benchmarks.scale_client import READY
 
@@ -96,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the client's compression (none by default: the links, not the CPU, are to be "
         "the limit; auto compresses where the network is)",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="time every read's planning and tasks (which host, first byte, end) through an "
+        "instrumented source (benchmarks.spark_phases) and print each read's shape",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke run: small, once")
     ap.add_argument(
         "--skip",
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 "kill_at",
                 "transport",
                 "compression",
+                "timeline",
             )
         },
         "phases": phases,
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     names = ["store", "svc1", "svc2", "svc3", "spark"]
     procs: list[Any] = []
+    groups = CpuGroups(names)
+    out["cpu_counter"] = "cgroup " + groups.counter if groups.available else "processes"
     with (
         tempfile.TemporaryDirectory(prefix="aqueduct-scale-") as tmp,
         bridged_hosts(names) as hosts,
@@ -163,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             weed = ["-m", "benchmarks.bench_scale", "--store", f"{tmp}/weed", store.ip]
             store_proc, line = spawn_in(store.ns, weed, STORE_READY)
             procs.append(store_proc)
+            if groups.available:
+                groups.add("store", store_proc.pid)
             info = json.loads(line)
             tls = make_dev_certificates(Path(tmp) / "tls", ("localhost", *(h.ip for h in svcs)))
             root = f"s3://{info['bucket']}/scale"
@@ -183,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             services = []
             for host, (proc, banner) in zip(svcs, started_svcs, strict=True):
                 procs.append(proc)
+                if groups.available:
+                    groups.add(host.name, proc.pid)
                 services.append(
                     {
                         "name": host.name,
@@ -206,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     **({"transport": args.transport} if args.transport else {}),
                 },
                 "tmp": tmp,
+                "cpu_groups": groups.to_spec() if groups.available else None,
             }
             print(f"== bench_scale: links {args.rate}, load {os.getloadavg()[0]:.1f}", flush=True)
             run = subprocess.run(
@@ -230,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for proc in reversed(procs):
                 stop(proc)
+            groups.close()
     out["load_after"] = [round(x, 1) for x in os.getloadavg()]
     out["wall_seconds"] = round(time.monotonic() - started, 1)
     report(out)
@@ -254,6 +270,21 @@ def report(out: dict[str, Any]) -> None:
                 f"{r['rows_per_s']:>12,.0f} rows/s {r['rows_per_s'] / one['rows_per_s']:5.2f}x  "
                 f"shares {shares}  {_cpu(r)}"
             )
+        if len(out["reads"]) == 3:
+            fixed, work = fixed_part([r["seconds"] for r in out["reads"]])
+            print(
+                f"  T = F + W/hosts fitted to 1 and 3 hosts: F {fixed:.2f} s that does not "
+                f"shrink with hosts, W {work:.2f} s that does"
+            )
+        for r in out["reads"]:
+            if "timeline" in r:
+                t = r["timeline"]
+                idle = " ".join(f"{n} {h['idle']:.2f}" for n, h in t["hosts"].items())
+                print(
+                    f"  {r['endpoints']} host(s) timeline: first task at {t['first_task']:.2f} s,"
+                    f" hosts' ends spread {t['hosts_end_spread']:.2f} s, tail "
+                    f"{t['tail']:.2f} s; each host idle (s): {idle}"
+                )
     if out.get("appends"):
         first = out["appends"][0]
         print(
@@ -288,6 +319,14 @@ def report(out: dict[str, Any]) -> None:
         f"(Spark's Python worker start-up timeout): {s['undisturbed'].get('restarts', 0)} / "
         f"{s['kill'].get('restarts', 0)}; killed mid-way: {s['kill'].get('killed_mid_way')}"
     )
+
+
+def fixed_part(seconds: list[float]) -> tuple[float, float]:
+    """``T = F + W / hosts`` through the times of 1 and 3 hosts (``seconds[0]`` and
+    ``seconds[2]``): F, the part of a read that does not shrink with hosts, and W."""
+    one, three = seconds[0], seconds[2]
+    work = (one - three) * 3 / 2
+    return one - work, work
 
 
 def _requests(phase: dict[str, Any]) -> str:

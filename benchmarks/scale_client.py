@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpu_groups import CpuGroups
+
 READY = "SCALE_RESULT "
 MOD = 65536
 """Rows are checked by count, sum of ids and sum of (id mod MOD) squared: a row read twice
@@ -71,32 +73,51 @@ class Hosts:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.services: list[dict[str, Any]] = spec["services"]
         self.store_pid: int = spec["store_pid"]
+        self.groups = CpuGroups.attach(spec["cpu_groups"]) if spec.get("cpu_groups") else None
+        """Each namespace's cgroup (:mod:`.cpu_groups`): CPU seconds that never go
+        backwards. Without them, each process tree's live processes are summed."""
+        if self.groups is not None:
+            self.groups.add("spark", os.getpid())  # before the JVM: all of it starts here
 
-    def snapshot(self) -> dict[str, Any]:
+    def cpu(self, name: str, pid: int) -> float:
+        """CPU seconds so far of namespace ``name`` (``pid``: its process tree's root)."""
+        if self.groups is not None:
+            return self.groups.seconds(name)
         from benchmarks.bench_realpath_spark import tree_cpu
 
+        return tree_cpu(pid)
+
+    def snapshot(self) -> dict[str, Any]:
         snap: dict[str, Any] = {"at": time.perf_counter(), "machine": machine_jiffies()}
         for svc in self.services:
             snap[svc["name"]] = {
                 "tx": _counter(svc, "tx_bytes"),
                 "rx": _counter(svc, "rx_bytes"),
-                "cpu": tree_cpu(svc["pid"]),
+                "cpu": self.cpu(svc["name"], svc["pid"]),
                 "requests": _requests_or_none(svc),
             }
-        snap["store_cpu"] = tree_cpu(self.store_pid)
-        snap["spark_cpu"] = tree_cpu(os.getpid())
+        snap["store_cpu"] = self.cpu("store", self.store_pid)
+        snap["spark_cpu"] = self.cpu("spark", os.getpid())
         return snap
 
-    def measure(self, fn: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
-        """Run ``fn``; its result and what the phase cost."""
+    def measure(
+        self, fn: Callable[[], Any], marks: Path | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Run ``fn``; its result and what the phase cost (``marks``: a timeline file,
+        emptied first; the phase's wall-clock start and end are kept for it)."""
+        if marks is not None:
+            marks.write_text("")
         before = self.snapshot()
+        wall = time.time()
         result = fn()
+        wall_end = time.time()
         after = self.snapshot()
         seconds = after["at"] - before["at"]
         busy = after["machine"][0] - before["machine"][0]
         total = after["machine"][1] - before["machine"][1]
         cost: dict[str, Any] = {
             "seconds": seconds,
+            "wall": (wall, wall_end),
             "machine_busy": busy / total if total else 0.0,
             "load": round(os.getloadavg()[0], 1),
             "cpu": {
@@ -120,6 +141,15 @@ class Hosts:
                 }
         cost["cpu_share"] = sum(cost["cpu"].values()) / seconds / (os.cpu_count() or 1)
         return result, cost
+
+
+def _shape(marks: Path, cost: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The timeline of the read just measured, logged as text (:mod:`.spark_phases`)."""
+    from benchmarks.spark_phases import read_events, render, timeline
+
+    shape = timeline(read_events(marks), *cost["wall"], names)
+    log("timeline:\n" + "\n".join(render(shape)))
+    return shape
 
 
 def _requests_or_none(svc: dict[str, Any]) -> dict[str, tuple[int, float]] | None:
@@ -192,8 +222,17 @@ def main(spec: dict[str, Any]) -> None:
     phases = spec["phases"]
     # four attempts per task, as spark.task.maxFailures gives a cluster (local[N] gives one)
     spark: Any = None
+    marks = Path(spec["tmp"]) / "timeline.jsonl" if spec.get("timeline") else None
+    if marks is not None:  # before the JVM starts: its Python workers inherit it
+        os.environ["AQUEDUCT_TIMELINE"] = str(marks)
     if {"read", "stream"} & set(phases):
         spark = spark_session(master=f"local[{spec['slots']},4]")
+    fmt = "aqueduct"
+    if marks is not None and spark is not None:
+        from benchmarks.spark_phases import AqPhases
+
+        spark.dataSource.register(AqPhases)
+        fmt = "aqphases"
     out: dict[str, Any] = {"reads": [], "appends": []}
     rows = spec["rows"]
     want = expected(rows)
@@ -225,7 +264,7 @@ def main(spec: dict[str, Any]) -> None:
 
             def run() -> tuple[int, int, int]:
                 r = (
-                    spark.read.format("aqueduct")
+                    spark.read.format(fmt)
                     .options(**opts)
                     .load(name)
                     .agg(
@@ -240,11 +279,14 @@ def main(spec: dict[str, Any]) -> None:
             return run
 
         read(3)()  # warm-up: the JVM, the Python workers, every connection
+        names = [s["name"] for s in spec["services"]]
         for k in (1, 2, 3):
             samples = []
             for _ in range(spec["repeat"]):
-                got, cost = hosts.measure(read(k))
+                got, cost = hosts.measure(read(k), marks)
                 assert got == want, f"read through {k} hosts: {got} != {want}"
+                if marks is not None:
+                    cost["timeline"] = _shape(marks, cost, names)
                 samples.append(cost)
             mid = sorted(samples, key=lambda c: c["seconds"])[len(samples) // 2]
             mid["endpoints"] = k
@@ -321,14 +363,18 @@ def main(spec: dict[str, Any]) -> None:
         proc, _ = spawn_in(victim["ns"], victim["cmd"], "AQUEDUCT_READY ")
         restarted.append(proc)
         victim["pid"] = proc.pid
+        if hosts.groups is not None:
+            hosts.groups.add(victim["name"], proc.pid)
 
     if "kill" in phases:
         undisturbed = out["reads"][2]["seconds"]
         share = out["reads"][2]["hosts"][victim["name"]]["tx"]  # what the victim sends in a read
         start = _counter(victim, "tx_bytes")
         killer = kill_when(lambda: (_counter(victim, "tx_bytes") - start) / share)
-        got, cost = hosts.measure(read(3))
+        got, cost = hosts.measure(read(3), marks)
         cost["killed_mid_way"] = killer.finish()
+        if marks is not None:
+            cost["timeline"] = _shape(marks, cost, names)
         cost["exactly_once"] = got == want
         cost["vs_undisturbed"] = cost["seconds"] / undisturbed
         out["kill_read"] = cost

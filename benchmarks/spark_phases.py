@@ -6,12 +6,23 @@ by ``AQUEDUCT_PHASES`` (``pid phase seconds``); :func:`summary` sums them per ph
 
 ``bench_realpath_spark --phases`` runs its paths through these (formats ``aqphases`` and
 ``flphases``) and prints the summary after the run.
+
+With ``AQUEDUCT_TIMELINE`` naming a file, the aqueduct source also appends one JSON line per
+event, in wall-clock time (``time.time()``, comparable across processes): ``schema`` and
+``plan`` on the driver's planner processes, one ``task`` per read task (its partition, its
+process's age when it began, when its first batch came, when it ended, its bytes, and the
+endpoint each of its scans leased), one ``connect`` per connection. :func:`timeline` turns
+the events of one read into its shape: when planning ran, each task's interval and host,
+each host's busy time and idle gaps, and the tail after the last byte
+(``bench_scale --timeline``).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +43,53 @@ def note(phase: str, seconds: float) -> None:
     if target:
         with open(target, "a") as f:
             f.write(f"{os.getpid()} {phase} {seconds:.6f}\n")
+
+
+def _started() -> float:
+    """This process's start, wall-clock (``/proc``): a task in a process seconds old ran in
+    a Python worker Spark had just started."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return time.time()
+
+
+PROCESS_START = _started()
+_leases: list[tuple[float, int, int | None]] = []
+"""Leases taken in this process (time, endpoint, bytes): the hosts a task's scans went to."""
+_leases_lock = threading.Lock()
+
+
+def event(kind: str, **fields: Any) -> None:
+    """One timeline event (see the module's docstring), if ``AQUEDUCT_TIMELINE`` is set."""
+    target = os.environ.get("AQUEDUCT_TIMELINE")
+    if target:
+        line = {"kind": kind, "pid": os.getpid(), "age": time.time() - PROCESS_START, **fields}
+        with open(target, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _patch_leases() -> None:
+    """Record which endpoint each scan of this process leases (``Spread.lease``)."""
+    from aqueduct_spark.client import spread
+
+    if getattr(spread.Spread.lease, "_timeline", False):
+        return
+    leasing = spread.Spread.lease
+
+    def lease(self: Any, index: int, size: int | None = None) -> Any:
+        with _leases_lock:
+            _leases.append((time.time(), index, size))
+        return leasing(self, index, size)
+
+    lease._timeline = True  # type: ignore[attr-defined]
+    spread.Spread.lease = lease  # type: ignore[method-assign]
 
 
 def timed(phase: str, fn: Callable[..., T]) -> Callable[..., T]:
@@ -67,9 +125,10 @@ def _patch_connections() -> None:
     opening = session.open_connection
 
     async def open_connection(*args: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
+        start, at = time.perf_counter(), time.time()
         conn = await opening(*args, **kw)
         note(f"aq.connect.{conn.transport}", time.perf_counter() - start)
+        event("connect", start=at, end=time.time(), transport=conn.transport)
         return conn
 
     open_connection._phases = True  # type: ignore[attr-defined]
@@ -81,10 +140,52 @@ class _Reader:
         self.inner, self.prefix = inner, prefix
 
     def partitions(self) -> Any:
-        return timed(self.prefix + ".partitions", self.inner.partitions)()
+        start = time.time()
+        parts = timed(self.prefix + ".partitions", self.inner.partitions)()
+        homes = [getattr(p, "endpoint", None) for p in parts]
+        sizes = [sum(s.get("bytes") or 0 for s in getattr(p, "splits", ())) for p in parts]
+        event("plan", start=start, end=time.time(), homes=homes, sizes=sizes)
+        return parts
 
     def read(self, partition: Any) -> Iterator[Any]:
+        if self.prefix == "aq":
+            _patch_connections()
+            _patch_leases()
+            return _timeline_task(timed_iter("aq.read", iter(self.inner.read(partition))))
         return timed_iter(self.prefix + ".read", iter(self.inner.read(partition)))
+
+
+def _timeline_task(batches: Iterator[Any]) -> Iterator[Any]:
+    """``batches`` of one read task, its ``task`` event written at its end."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    start = time.time()
+    age = start - PROCESS_START
+    first: float | None = None
+    rows = size = 0
+    with _leases_lock:
+        seen = len(_leases)
+    for batch in batches:
+        if first is None:
+            first = time.time()
+        rows += batch.num_rows
+        size += batch.nbytes
+        yield batch
+    with _leases_lock:
+        hosts = [index for _, index, _ in _leases[seen:]]
+    event(
+        "task",
+        partition=ctx.partitionId() if ctx else None,
+        attempt=ctx.attemptNumber() if ctx else None,
+        start=start,
+        started_age=age,
+        first=first,
+        end=time.time(),
+        rows=rows,
+        bytes=size,
+        endpoints=hosts,
+    )
 
 
 class AqPhases(AqueductDataSource):
@@ -94,7 +195,11 @@ class AqPhases(AqueductDataSource):
 
     def schema(self) -> StructType:
         _patch_connections()
-        return timed("aq.schema", super().schema)()
+        start = time.time()
+        try:
+            return timed("aq.schema", super().schema)()
+        finally:
+            event("schema", start=start, end=time.time())
 
     def reader(self, schema: StructType) -> Any:
         from pyspark.sql.datasource import DataSourceReader
@@ -164,3 +269,132 @@ def summary(path: Path) -> dict[str, tuple[int, float]]:
         n, total = out.get(phase, (0, 0.0))
         out[phase] = (n + 1, total + float(seconds))
     return out
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The timeline events in ``path`` (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by ``intervals`` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
+def timeline(
+    events: list[dict[str, Any]], start: float, end: float, names: list[str]
+) -> dict[str, Any]:
+    """The shape of one read from its events (times in seconds from ``start``, the read's
+    call, to ``end``, its return): planning, each task (host: ``names[endpoint]`` of its last
+    lease), and per host the span from its first task's start to its last task's end, the
+    seconds it had a task under way (``busy``), and so how long it sat idle before the read
+    ended (``idle``: the whole read minus ``busy``)."""
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - start, 3)
+
+    out: dict[str, Any] = {"seconds": round(end - start, 3)}
+    for kind in ("schema", "plan"):
+        found = [e for e in events if e["kind"] == kind]
+        if found:
+            e = found[-1]
+            out[kind] = {
+                "start": rel(e["start"]),
+                "end": rel(e["end"]),
+                "process_age": round(e["age"] - (e["end"] - e["start"]), 2),
+            }
+            if kind == "plan":
+                out[kind]["sizes_mb"] = [round(s / 1e6, 1) for s in e["sizes"]]
+                out[kind]["homes"] = e["homes"]
+    tasks = []
+    for e in sorted((e for e in events if e["kind"] == "task"), key=lambda e: e["start"]):
+        host = e["endpoints"][-1] if e["endpoints"] else None
+        tasks.append(
+            {
+                "partition": e["partition"],
+                "pid": e["pid"],
+                "host": names[host] if host is not None and host < len(names) else "?",
+                "moved": len(e["endpoints"]) > 1,
+                "process_age": round(e["started_age"], 2),
+                "start": rel(e["start"]),
+                "first": rel(e["first"]),
+                "end": rel(e["end"]),
+                "mb": round(e["bytes"] / 1e6, 1),
+            }
+        )
+    out["tasks"] = tasks
+    out["connects"] = len([e for e in events if e["kind"] == "connect"])
+    hosts: dict[str, Any] = {}
+    for name in sorted({t["host"] for t in tasks}):
+        mine = [t for t in tasks if t["host"] == name]
+        spans = [(t["first"] or t["start"], t["end"]) for t in mine]
+        busy = _union(spans)
+        hosts[name] = {
+            "tasks": len(mine),
+            "mb": round(sum(t["mb"] for t in mine), 1),
+            "first_byte": min(a for a, _ in spans),
+            "last_end": max(b for _, b in spans),
+            "busy": round(busy, 3),
+            "idle": round(out["seconds"] - busy, 3),
+        }
+    out["hosts"] = hosts
+    if tasks:
+        out["first_task"] = min(t["start"] for t in tasks)
+        out["last_end"] = max(t["end"] for t in tasks)
+        out["tail"] = round(out["seconds"] - out["last_end"], 3)
+        ends = [h["last_end"] for h in hosts.values()]
+        out["hosts_end_spread"] = round(max(ends) - min(ends), 3)
+    return out
+
+
+def render(shape: dict[str, Any], width: int = 64) -> list[str]:
+    """:func:`timeline`'s shape as text: a line per task (``.`` from its start to its first
+    batch, ``=`` from there to its end) on a scale of the whole read, then per host."""
+    total = shape["seconds"] or 1.0
+
+    def col(t: float) -> int:
+        return max(0, min(width - 1, round(t / total * (width - 1))))
+
+    lines = [f"read {total:.2f} s; one column = {total / width:.2f} s"]
+    for kind in ("schema", "plan"):
+        if kind in shape:
+            p = shape[kind]
+            lines.append(
+                f"  {kind:6} {p['start']:6.2f} -> {p['end']:6.2f} s (its process "
+                f"{p['process_age']:.1f} s old)"
+            )
+    if "plan" in shape:
+        lines.append(f"  plan: task MB {shape['plan']['sizes_mb']} homes {shape['plan']['homes']}")
+    for t in shape["tasks"]:
+        bar = [" "] * width
+        first = t["first"] if t["first"] is not None else t["end"]
+        for c in range(col(t["start"]), col(first) + 1):
+            bar[c] = "."
+        for c in range(col(first), col(t["end"]) + 1):
+            bar[c] = "="
+        moved = "*" if t["moved"] else " "
+        lines.append(
+            f"  p{t['partition']:>2} {t['host']:>5}{moved}|{''.join(bar)}| "
+            f"{t['start']:5.2f} {t['first'] or 0:5.2f} {t['end']:5.2f} s {t['mb']:5.1f} MB "
+            f"worker {t['pid']} {t['process_age']:.1f} s old"
+        )
+    for name, h in shape["hosts"].items():
+        lines.append(
+            f"  {name}: {h['tasks']} tasks {h['mb']:.0f} MB, first byte {h['first_byte']:.2f} s, "
+            f"last end {h['last_end']:.2f} s, busy {h['busy']:.2f} s, idle {h['idle']:.2f} s"
+        )
+    if "tail" in shape:
+        lines.append(
+            f"  first task {shape['first_task']:.2f} s, last end {shape['last_end']:.2f} s, "
+            f"tail {shape['tail']:.2f} s, hosts' ends spread {shape['hosts_end_spread']:.2f} s, "
+            f"{shape['connects']} connections opened"
+        )
+    return lines

@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "tmp": tmp,
                 "cpu_groups": groups.to_spec() if groups.available else None,
+                "link_rate": rate_bits(args.rate) / 8,
             }
             print(f"== bench_scale: links {args.rate}, load {os.getloadavg()[0]:.1f}", flush=True)
             run = subprocess.run(

@@ -74,8 +74,14 @@ class CpuGroups:
         return bool(self.groups)
 
     def to_spec(self) -> dict[str, object]:
-        """What another process needs to add to and read these groups (:meth:`attach`)."""
-        return {"counter": self.counter, "groups": {n: str(g) for n, g in self.groups.items()}}
+        """What another process needs to add to and read these groups (:meth:`attach`). The
+        paths go through this process's root (``/proc/PID/root``): ``ip netns exec`` gives
+        its command a fresh ``/sys``, without the cgroup mounts."""
+        via = f"/proc/{os.getpid()}/root"
+        return {
+            "counter": self.counter,
+            "groups": {n: via + str(g) for n, g in self.groups.items()},
+        }
 
     @classmethod
     def attach(cls, spec: dict[str, object]) -> CpuGroups:

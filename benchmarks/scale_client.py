@@ -105,11 +105,17 @@ class Hosts:
     ) -> tuple[Any, dict[str, Any]]:
         """Run ``fn``; its result and what the phase cost (``marks``: a timeline file,
         emptied first; the phase's wall-clock start and end are kept for it)."""
+        sampler = None
         if marks is not None:
             marks.write_text("")
+            sampler = LinkSampler(self.services, marks)
         before = self.snapshot()
         wall = time.time()
-        result = fn()
+        try:
+            result = fn()
+        finally:
+            if sampler is not None:
+                sampler.finish()
         wall_end = time.time()
         after = self.snapshot()
         seconds = after["at"] - before["at"]
@@ -143,11 +149,59 @@ class Hosts:
         return result, cost
 
 
-def _shape(marks: Path, cost: dict[str, Any], names: list[str]) -> dict[str, Any]:
+class LinkSampler:
+    """Appends each service host's sent bytes, every :data:`SAMPLE` s, to a timeline file
+    as ``link`` events (from ``/proc/PID/net/dev``: the service process's namespace, read
+    without starting a process) until :meth:`finish`."""
+
+    SAMPLE = 0.1
+
+    def __init__(self, services: list[dict[str, Any]], marks: Path) -> None:
+        self.services, self.marks = list(services), marks
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        lines: list[str] = []
+        while True:
+            at = time.time()
+            for svc in self.services:
+                sent = _sent(svc)
+                if sent is not None:
+                    lines.append(
+                        json.dumps({"kind": "link", "host": svc["name"], "at": at, "tx": sent})
+                    )
+            if self.stop.wait(self.SAMPLE):
+                break
+        with self.marks.open("a") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _sent(svc: dict[str, Any]) -> int | None:
+    """Bytes service ``svc``'s interface sent so far; None once its process is gone."""
+    try:
+        text = Path(f"/proc/{svc['pid']}/net/dev").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == svc["dev"]:
+            return int(fields.split()[8])
+    return None
+
+
+def _shape(
+    marks: Path, cost: dict[str, Any], names: list[str], rate: float | None
+) -> dict[str, Any]:
     """The timeline of the read just measured, logged as text (:mod:`.spark_phases`)."""
     from benchmarks.spark_phases import read_events, render, timeline
 
-    shape = timeline(read_events(marks), *cost["wall"], names)
+    shape = timeline(read_events(marks), *cost["wall"], names, rate)
     log("timeline:\n" + "\n".join(render(shape)))
     return shape
 
@@ -286,7 +340,7 @@ def main(spec: dict[str, Any]) -> None:
                 got, cost = hosts.measure(read(k), marks)
                 assert got == want, f"read through {k} hosts: {got} != {want}"
                 if marks is not None:
-                    cost["timeline"] = _shape(marks, cost, names)
+                    cost["timeline"] = _shape(marks, cost, names[:k], spec.get("link_rate"))
                 samples.append(cost)
             mid = sorted(samples, key=lambda c: c["seconds"])[len(samples) // 2]
             mid["endpoints"] = k
@@ -374,7 +428,7 @@ def main(spec: dict[str, Any]) -> None:
         got, cost = hosts.measure(read(3), marks)
         cost["killed_mid_way"] = killer.finish()
         if marks is not None:
-            cost["timeline"] = _shape(marks, cost, names)
+            cost["timeline"] = _shape(marks, cost, names, spec.get("link_rate"))
         cost["exactly_once"] = got == want
         cost["vs_undisturbed"] = cost["seconds"] / undisturbed
         out["kill_read"] = cost

@@ -20,6 +20,7 @@ each host's busy time and idle gaps, and the tail after the last byte
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import threading
@@ -290,13 +291,22 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def timeline(
-    events: list[dict[str, Any]], start: float, end: float, names: list[str]
+    events: list[dict[str, Any]],
+    start: float,
+    end: float,
+    names: list[str],
+    link_rate: float | None = None,
 ) -> dict[str, Any]:
     """The shape of one read from its events (times in seconds from ``start``, the read's
     call, to ``end``, its return): planning, each task (host: ``names[endpoint]`` of its last
-    lease), and per host the span from its first task's start to its last task's end, the
-    seconds it had a task under way (``busy``), and so how long it sat idle before the read
-    ended (``idle``: the whole read minus ``busy``)."""
+    lease; the only one with one name), and per host the span from its first task's first
+    batch to its last task's end, the seconds it had a task under way (``busy``), and so how
+    long it sat idle before the read ended (``idle``: the whole read minus ``busy``).
+
+    ``link`` events (``host``, ``at``, ``tx``: the bytes its cable sent so far, sampled
+    while the read ran) give each host's cable: ``link_full`` the seconds its bytes take at
+    ``link_rate`` (bytes/s), ``link_from`` and ``link_to`` the first and last sample at half
+    that rate or more, and ``link`` its use per column of :func:`render`."""
 
     def rel(t: float | None) -> float | None:
         return None if t is None else round(t - start, 3)
@@ -316,7 +326,7 @@ def timeline(
                 out[kind]["homes"] = e["homes"]
     tasks = []
     for e in sorted((e for e in events if e["kind"] == "task"), key=lambda e: e["start"]):
-        host = e["endpoints"][-1] if e["endpoints"] else None
+        host = e["endpoints"][-1] if e["endpoints"] else (0 if len(names) == 1 else None)
         tasks.append(
             {
                 "partition": e["partition"],
@@ -346,6 +356,8 @@ def timeline(
             "idle": round(out["seconds"] - busy, 3),
         }
     out["hosts"] = hosts
+    if link_rate:
+        _links(out, events, start, link_rate)
     if tasks:
         out["first_task"] = min(t["start"] for t in tasks)
         out["last_end"] = max(t["end"] for t in tasks)
@@ -355,7 +367,43 @@ def timeline(
     return out
 
 
-def render(shape: dict[str, Any], width: int = 64) -> list[str]:
+def _links(out: dict[str, Any], events: list[dict[str, Any]], start: float, rate: float) -> None:
+    """Each host's cable during the read (see :func:`timeline`), into ``out["hosts"]``."""
+    width = RENDER_WIDTH
+    total = out["seconds"] or 1.0
+    samples: dict[str, list[tuple[float, int]]] = {}
+    for e in events:
+        if e["kind"] == "link":
+            samples.setdefault(e["host"], []).append((e["at"] - start, e["tx"]))
+    for name, seen in samples.items():
+        seen.sort()
+        sent = [0.0] * width
+        busy: list[float] = []
+        for (a, x), (b, y) in itertools.pairwise(seen):
+            if b <= a:
+                continue
+            if (y - x) / (b - a) >= rate / 2:
+                busy.append(a)
+            step = total / width  # the interval's bytes over the columns it covers
+            for column in range(max(0, int(a / step)), min(width, int(b / step) + 1)):
+                lo, hi = max(a, column * step), min(b, (column + 1) * step)
+                if hi > lo:
+                    sent[column] += (y - x) * (hi - lo) / (b - a)
+        host = out["hosts"].setdefault(name, {})
+        host["link_full"] = round((seen[-1][1] - seen[0][1]) / rate, 2) if seen else 0.0
+        host["link_from"] = round(busy[0], 2) if busy else None
+        host["link_to"] = round(busy[-1], 2) if busy else None
+        full = rate * total / width
+        host["link"] = "".join(
+            " " if b < full * 0.1 else "-" if b < full * 0.5 else "=" if b < full * 0.9 else "#"
+            for b in sent
+        )
+
+
+RENDER_WIDTH = 64
+
+
+def render(shape: dict[str, Any], width: int = RENDER_WIDTH) -> list[str]:
     """:func:`timeline`'s shape as text: a line per task (``.`` from its start to its first
     batch, ``=`` from there to its end) on a scale of the whole read, then per host."""
     total = shape["seconds"] or 1.0
@@ -387,10 +435,18 @@ def render(shape: dict[str, Any], width: int = 64) -> list[str]:
             f"worker {t['pid']} {t['process_age']:.1f} s old"
         )
     for name, h in shape["hosts"].items():
-        lines.append(
-            f"  {name}: {h['tasks']} tasks {h['mb']:.0f} MB, first byte {h['first_byte']:.2f} s, "
-            f"last end {h['last_end']:.2f} s, busy {h['busy']:.2f} s, idle {h['idle']:.2f} s"
-        )
+        if "link" in h:
+            lines.append(
+                f"  {name:>5} link|{h['link']}| its bytes {h['link_full']:.2f} s at the "
+                f"link's rate; at half or more from {h['link_from']} to {h['link_to']} s"
+            )
+    for name, h in shape["hosts"].items():
+        if "tasks" in h:
+            lines.append(
+                f"  {name}: {h['tasks']} tasks {h['mb']:.0f} MB, first batch "
+                f"{h['first_byte']:.2f} s, last end {h['last_end']:.2f} s, busy "
+                f"{h['busy']:.2f} s, idle {h['idle']:.2f} s"
+            )
     if "tail" in shape:
         lines.append(
             f"  first task {shape['first_task']:.2f} s, last end {shape['last_end']:.2f} s, "

@@ -50,6 +50,8 @@ def test_a_namespaces_cpu_keeps_the_seconds_of_processes_that_exited() -> None:
             time.sleep(0.02)
         after = groups.seconds("spark")
         assert after - before >= 0.19  # the orphan's 0.2 s, though nobody here reaped it
+        # as the Spark host reads it, from its namespace (through our /proc/PID/root)
+        assert CpuGroups.attach(groups.to_spec()).seconds("spark") >= after
     finally:
         groups.close()
     assert groups.parent is None and not any(g.exists() for g in groups.groups.values())
@@ -89,8 +91,13 @@ def test_a_reads_timeline_shows_each_hosts_idle_time_and_the_tail() -> None:
         _task(12, 1, t0 + 1.0, t0 + 3.0, [1]),
         _task(13, 2, t0 + 1.2, t0 + 7.0, [0, 1]),  # cut on a, resumed on b
         {"kind": "connect", "pid": 11, "age": 1, "start": t0 + 1, "end": t0 + 1.1},
+        # a's cable: idle for 2 s, then full (10 bytes/s) to 5 s, idle again
+        *(
+            {"kind": "link", "host": "a", "at": t0 + i / 2, "tx": 10 * min(max(i / 2 - 2, 0), 3)}
+            for i in range(17)
+        ),
     ]
-    shape = timeline(events, t0, t0 + 8.0, ["a", "b"])
+    shape = timeline(events, t0, t0 + 8.0, ["a", "b"], link_rate=10.0)
     assert shape["plan"]["start"] == 0.4 and shape["plan"]["process_age"] == 5.3
     assert [(t["partition"], t["host"], t["moved"]) for t in shape["tasks"]] == [
         (0, "a", False),
@@ -102,6 +109,8 @@ def test_a_reads_timeline_shows_each_hosts_idle_time_and_the_tail() -> None:
     # b's two tasks overlap from 1.7 to 3.0: counted once
     assert (b["tasks"], b["busy"], b["last_end"]) == (2, 5.5, 7.0)
     assert (shape["first_task"], shape["tail"], shape["hosts_end_spread"]) == (1.0, 1.0, 2.0)
+    assert (a["link_full"], a["link_from"], a["link_to"]) == (3.0, 2.0, 4.5)
+    assert a["link"] == " " * 16 + "#" * 24 + " " * 24  # 64 columns of 1/8 s
     text = "\n".join(render(shape))
     assert "p 2     b*|" in text and "tail 1.00 s" in text
 

@@ -362,7 +362,7 @@ def timeline(
         out["first_task"] = min(t["start"] for t in tasks)
         out["last_end"] = max(t["end"] for t in tasks)
         out["tail"] = round(out["seconds"] - out["last_end"], 3)
-        ends = [h["last_end"] for h in hosts.values()]
+        ends = [h["last_end"] for h in hosts.values() if "last_end" in h]
         out["hosts_end_spread"] = round(max(ends) - min(ends), 3)
     return out
 

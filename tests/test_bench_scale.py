@@ -96,6 +96,8 @@ def test_a_reads_timeline_shows_each_hosts_idle_time_and_the_tail() -> None:
             {"kind": "link", "host": "a", "at": t0 + i / 2, "tx": 10 * min(max(i / 2 - 2, 0), 3)}
             for i in range(17)
         ),
+        {"kind": "link", "host": "c", "at": t0, "tx": 0},  # a host of the URL given no task
+        {"kind": "link", "host": "c", "at": t0 + 8, "tx": 0},
     ]
     shape = timeline(events, t0, t0 + 8.0, ["a", "b"], link_rate=10.0)
     assert shape["plan"]["start"] == 0.4 and shape["plan"]["process_age"] == 5.3
@@ -111,6 +113,7 @@ def test_a_reads_timeline_shows_each_hosts_idle_time_and_the_tail() -> None:
     assert (shape["first_task"], shape["tail"], shape["hosts_end_spread"]) == (1.0, 1.0, 2.0)
     assert (a["link_full"], a["link_from"], a["link_to"]) == (3.0, 2.0, 4.5)
     assert a["link"] == " " * 16 + "#" * 24 + " " * 24  # 64 columns of 1/8 s
+    assert shape["hosts"]["c"]["link_full"] == 0 and "tasks" not in shape["hosts"]["c"]
     text = "\n".join(render(shape))
     assert "p 2     b*|" in text and "tail 1.00 s" in text
 

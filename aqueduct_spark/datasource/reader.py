@@ -11,6 +11,7 @@ and :class:`AqueductPushdownReader` is the one the option ``pushDownPredicate=tr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from aqueduct_core.host import usable_cores
 from aqueduct_spark import protocol as P
 from aqueduct_spark.client.spread import plan_orders, split_bytes
 from aqueduct_spark.client.urls import parse_endpoints
+from aqueduct_spark.datasource.host_load import host_load
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import check_user_schema, spark_to_arrow
 from aqueduct_spark.datasource.task_errors import surfaced
@@ -112,14 +114,23 @@ class AqueductReader(DataSourceReader):
         schema = P.schema_from_bytes(partition.schema)
         client = partition.opts.client()
         splits = partition.splits
-        yield from client.scan(
-            splits[0] if len(splits) == 1 else splits,
-            schema=schema,
-            columns=list(partition.columns),
-            filter=list(partition.filters) if partition.filters else None,
-            batch_rows=partition.opts.batch_rows,
-            endpoint=partition.endpoints or partition.endpoint,
+        planned = partition.endpoints or (
+            (partition.endpoint,) if partition.endpoint is not None else ()
         )
+        endpoints = parse_endpoints(partition.opts.url)
+        with contextlib.ExitStack() as stack:
+            order: tuple[int, ...] | None = tuple(planned) or None
+            if len(endpoints) > 1:  # the least loaded from this host (:mod:`.host_load`)
+                load = host_load(" ".join(map(str, endpoints)), len(endpoints))
+                order = stack.enter_context(load.claim(split_bytes(splits) or 0, planned))
+            yield from client.scan(
+                splits[0] if len(splits) == 1 else splits,
+                schema=schema,
+                columns=list(partition.columns),
+                filter=list(partition.filters) if partition.filters else None,
+                batch_rows=partition.opts.batch_rows,
+                endpoint=order,
+            )
 
 
 def driver_cores() -> int:

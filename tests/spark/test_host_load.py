@@ -1,0 +1,58 @@
+"""A read task's endpoint, chosen by the bytes every read task of this host has under way
+(:mod:`aqueduct_spark.datasource.host_load`): Spark hands the next task to whichever slot
+freed first, whatever host the driver planned it for, so a task placed by the plan alone can
+leave one host idle while another carries three. Processes are stood in for by ``pid``s
+(this one, its parent: both alive; a reaped child: gone). The Spark read through three
+hosts is ``tests/spark/test_scale_out.py`` (slow) and ``benchmarks/bench_scale.py``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from aqueduct_spark.datasource.host_load import HostLoad, host_load
+
+
+def _gone() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_task_goes_where_this_hosts_other_tasks_have_least_under_way(tmp_path: Path) -> None:
+    url = "tcp://a:1 tcp://b:1 tcp://c:1"
+    ours = HostLoad(url, 3, tmp_path, pid=os.getpid())
+    theirs = HostLoad(url, 3, tmp_path, pid=os.getppid())
+    assert ours.choose((0, 1, 2)) == (0, 1, 2)  # nothing under way: the plan's order
+    with theirs.claim(100, (0, 2, 1)) as first:
+        assert first == (0, 2, 1)
+        # planned for host 0 too, but another worker's task runs there: the idle ones first,
+        # in the plan's order (its fallback next)
+        with ours.claim(100, (0, 2, 1)) as second:
+            assert second == (2, 1, 0)
+            with theirs.claim(50, (2, 0, 1)) as third:
+                assert third == (1, 2, 0)  # 1 carries nothing; 0 and 2 100 each: planned order
+                assert ours.loads() == [100, 50, 100]
+        assert theirs.loads() == [100, 0, 0]  # ours ended: its file is gone
+    assert not list(ours.dir.iterdir())  # every task ended: no file left
+    assert ours.choose((1, 0, 2)) == (1, 0, 2)
+
+
+def test_a_dead_workers_tasks_and_a_broken_directory_are_ignored(tmp_path: Path) -> None:
+    url = "tcp://a:1 tcp://b:1"
+    dead = HostLoad(url, 2, tmp_path, pid=_gone())
+    dead._add(0, 1 << 30)  # killed mid-task: its file stays behind
+    ours = HostLoad(url, 2, tmp_path, pid=os.getpid())
+    assert ours.choose((0, 1)) == (0, 1) and not (dead.dir / str(dead.pid)).exists()
+    (ours.dir / str(os.getppid())).write_text("not json")  # half-written, or not ours
+    assert ours.loads() == [0, 0]
+    other = HostLoad("tcp://x:1 tcp://y:1", 2, tmp_path, pid=os.getppid())
+    with other.claim(5, (0, 1)):
+        assert ours.loads() == [0, 0]  # another URL's endpoints are not these
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    nowhere = HostLoad(url, 2, blocked, pid=os.getpid())
+    with nowhere.claim(5, (1, 0)) as order:  # cannot publish: the plan still holds
+        assert order == (1, 0) and nowhere.loads() == [0, 5]
+    assert host_load(url, 2) is host_load(url, 2) and host_load(url, 2).pid == os.getpid()

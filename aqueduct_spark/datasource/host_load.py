@@ -75,19 +75,29 @@ class HostLoad:
                         total[i] += n
         return total
 
-    def choose(self, planned: Sequence[int]) -> tuple[int, ...]:
+    def choose(self, planned: Sequence[int], size: int = 0) -> tuple[int, ...]:
         """Every endpoint, least loaded first; ties in the ``planned`` order (the driver's
-        :func:`~aqueduct_spark.client.spread.plan_orders` for this task)."""
+        :func:`~aqueduct_spark.client.spread.plan_orders` for this task). Loads that differ
+        by less than half of this task's ``size`` are even: two hosts each running a task
+        of a similar size are level, so tasks starting together (each before it sees the
+        others' choice) keep to their different plans instead of all taking the host whose
+        task is a few bytes smaller."""
         loads = self.loads()
+        unit = max(1, size // 2)
         rank = {i: r for r, i in reversed(list(enumerate(planned)))}
-        every = range(self.endpoints)
-        return tuple(sorted(every, key=lambda i: (loads[i], rank.get(i, len(rank)), i)))
+        least = min(loads)
+        return tuple(
+            sorted(
+                range(self.endpoints),
+                key=lambda i: ((loads[i] - least) // unit, rank.get(i, len(rank)), i),
+            )
+        )
 
     @contextlib.contextmanager
     def claim(self, size: int, planned: Sequence[int]) -> Iterator[tuple[int, ...]]:
         """The order to scan in (:meth:`choose`), with ``size`` bytes counted at its first
         endpoint for this host's other tasks until the block ends."""
-        order = self.choose(planned)
+        order = self.choose(planned, size)
         self._add(order[0], size)
         try:
             yield order

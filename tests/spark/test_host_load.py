@@ -56,3 +56,20 @@ def test_a_dead_workers_tasks_and_a_broken_directory_are_ignored(tmp_path: Path)
     with nowhere.claim(5, (1, 0)) as order:  # cannot publish: the plan still holds
         assert order == (1, 0) and nowhere.loads() == [0, 5]
     assert host_load(url, 2) is host_load(url, 2) and host_load(url, 2).pid == os.getpid()
+
+
+def test_hosts_within_half_a_task_of_each_other_are_even(tmp_path: Path) -> None:
+    """Two tasks starting together each read the loads before the other claims: were a few
+    bytes to decide, both would take the same host; within half a task the plan does."""
+    url = "tcp://a:1 tcp://b:1 tcp://c:1"
+    busy = HostLoad(url, 3, tmp_path, pid=os.getppid())
+    ours = HostLoad(url, 3, tmp_path, pid=os.getpid())
+    with busy.claim(12_100_000, (0, 1, 2)), busy.claim(12_080_000, (2, 0, 1)):
+        assert busy.loads() == [12_100_000, 0, 12_080_000]
+        assert ours.choose((0, 2, 1), 12_000_000) == (1, 0, 2)  # the idle one first
+    with busy.claim(12_100_000, (0, 1, 2)), busy.claim(12_080_000, (2, 0, 1)):
+        with busy.claim(12_000_000, (1, 0, 2)):
+            assert ours.choose((0, 2, 1), 12_000_000) == (0, 2, 1)  # level: the plan
+            assert ours.choose((2, 0, 1), 12_000_000) == (2, 0, 1)
+            assert ours.choose((2, 0, 1), 40_000_000) == (2, 0, 1)
+            assert ours.choose((2, 0, 1), 100) == (1, 2, 0)  # a tiny task: bytes decide

@@ -280,7 +280,9 @@ def report(out: dict[str, Any]) -> None:
         for r in out["reads"]:
             if "timeline" in r:
                 t = r["timeline"]
-                idle = " ".join(f"{n} {h['idle']:.2f}" for n, h in t["hosts"].items())
+                idle = " ".join(
+                    f"{n} {h['idle']:.2f}" for n, h in t["hosts"].items() if "idle" in h
+                )
                 print(
                     f"  {r['endpoints']} host(s) timeline: first task at {t['first_task']:.2f} s,"
                     f" hosts' ends spread {t['hosts_end_spread']:.2f} s, tail "

@@ -122,3 +122,43 @@ def test_the_part_of_a_read_that_does_not_shrink_with_hosts() -> None:
     fixed, work = fixed_part([30.17, 17.13, 11.87])  # the last quiet run: 2.54x
     assert round(fixed, 2) == 2.72 and round(work, 2) == 27.45
     assert fixed_part([30.0, 16.0, 11.0]) == (1.5, 28.5)
+
+
+def test_the_report_prints_each_reads_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.bench_scale import report
+
+    def read(k: int, seconds: float) -> dict[str, object]:
+        hosts = {f"svc{i + 1}": {"tx": 100 if i < k else 0, "rx": 1} for i in range(3)}
+        shape = {
+            "first_task": 0.3,
+            "hosts_end_spread": 0.5,
+            "tail": 0.2,
+            "hosts": {
+                **{f"svc{i + 1}": {"idle": 1.0, "link": "#"} for i in range(k)},
+                **{f"svc{i + 1}": {"link": " "} for i in range(k, 3)},  # given no task
+            },
+        }
+        cpu = {n: 1.0 for n in ("svc1", "svc2", "svc3", "store", "spark")}
+        return {
+            "endpoints": k,
+            "seconds": seconds,
+            "rows_per_s": 8e6 / seconds,
+            "hosts": hosts,
+            "cpu": cpu,
+            "cpu_share": 0.2,
+            "machine_busy": 0.3,
+            "timeline": shape,
+        }
+
+    out = {
+        "rate": "100mbit",
+        "load_before": [1.0],
+        "load_after": [1.0],
+        "wall_seconds": 60,
+        "dataset": {"rows": 8_000_000, "parquet_bytes": 145e6},
+        "reads": [read(1, 30.0), read(2, 16.0), read(3, 11.0)],
+    }
+    report(out)
+    text = capsys.readouterr().out
+    assert "F 1.50 s that does not shrink with hosts" in text
+    assert "1 host(s) timeline: first task at 0.30 s" in text and "idle (s): svc1 1.00\n" in text

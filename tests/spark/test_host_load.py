@@ -67,9 +67,12 @@ def test_hosts_within_half_a_task_of_each_other_are_even(tmp_path: Path) -> None
     with busy.claim(12_100_000, (0, 1, 2)), busy.claim(12_080_000, (2, 0, 1)):
         assert busy.loads() == [12_100_000, 0, 12_080_000]
         assert ours.choose((0, 2, 1), 12_000_000) == (1, 0, 2)  # the idle one first
-    with busy.claim(12_100_000, (0, 1, 2)), busy.claim(12_080_000, (2, 0, 1)):
-        with busy.claim(12_000_000, (1, 0, 2)):
-            assert ours.choose((0, 2, 1), 12_000_000) == (0, 2, 1)  # level: the plan
-            assert ours.choose((2, 0, 1), 12_000_000) == (2, 0, 1)
-            assert ours.choose((2, 0, 1), 40_000_000) == (2, 0, 1)
-            assert ours.choose((2, 0, 1), 100) == (1, 2, 0)  # a tiny task: bytes decide
+    with (
+        busy.claim(12_100_000, (0, 1, 2)),
+        busy.claim(12_080_000, (2, 0, 1)),
+        busy.claim(12_000_000, (1, 0, 2)),
+    ):
+        assert ours.choose((0, 2, 1), 12_000_000) == (0, 2, 1)  # level: the plan
+        assert ours.choose((2, 0, 1), 12_000_000) == (2, 0, 1)
+        assert ours.choose((2, 0, 1), 40_000_000) == (2, 0, 1)
+        assert ours.choose((2, 0, 1), 100) == (1, 2, 0)  # a tiny task: bytes decide

@@ -21,8 +21,8 @@ Three mechanisms, each answering one way a client could take more than its share
   threads. ``asyncio.to_thread`` feeds one FIFO queue, where 20,000 requests of one client
   sit ahead of everybody else's. Here each connection waits in its own queue, a free
   thread goes to the connections in turn (round robin), and no connection runs more than
-  half the threads at once: another client's request finds a thread free, not behind the
-  flood.
+  a quarter of the threads (at least one) at once: another client's request finds a thread
+  free, not behind the flood.
 
 When a connection closes, everything it started is cancelled at once: calls still waiting
 for a thread never run, and a call already running finishes its current step only.
@@ -73,9 +73,10 @@ def engine_config(engine: EngineConfig, request_window: int, max_batch_bytes: in
 
 class FairPool:
     """Runs blocking calls in ``threads`` worker threads, taking turns between owners
-    (connections) instead of first come, first served. One owner runs at most half the
-    threads at once, so another always finds one free rather than waiting for a call to
-    end (and fewer threads of one client contend for the GIL with the event loop)."""
+    (connections) instead of first come, first served. One owner runs at most a quarter of
+    the threads (at least one) at once, so another always finds one free rather than waiting
+    for a call to end (and fewer threads of one client contend for the GIL with the event
+    loop)."""
 
     def __init__(self, threads: int = DEFAULT_THREADS) -> None:
         if threads < 1:

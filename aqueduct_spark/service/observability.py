@@ -244,6 +244,8 @@ class RequestRecord:
     bytes: int = 0
     staged: int | None = None
     """Bytes a write left staged on the store (its files' sizes)."""
+    skipped: int = 0
+    """Rows a resumed scan was asked to leave out at its start (``skip_rows``)."""
     arrow: int = 0
     """Arrow bytes of those data messages, uncompressed."""
     codecs: dict[str, int] = field(default_factory=dict)
@@ -264,17 +266,19 @@ def note(
     staged: int | None = None,
     arrow: int = 0,
     codec: str | None = None,
+    skipped: int = 0,
 ) -> None:
     """Count rows and payload bytes the current request moved (``in``: received from the
     client, ``out``: sent to it), and the bytes a write ``staged``; for one data message
-    also its Arrow bytes (uncompressed) and its body compression (``codec``). The metrics
-    move at once, the access line at the end. Outside a request (no observer) it does
-    nothing."""
+    also its Arrow bytes (uncompressed) and its body compression (``codec``); for a resumed
+    scan the rows it ``skipped``. The metrics move at once, the access line at the end.
+    Outside a request (no observer) it does nothing."""
     record = _current.get()
     if record is None:
         return
     if staged is not None:
         record.staged = (record.staged or 0) + staged
+    record.skipped += skipped
     record.rows += rows
     record.bytes += nbytes
     record.arrow += arrow
@@ -538,6 +542,8 @@ class Observer:
         }
         if record.staged is not None:
             fields["staged_bytes"] = record.staged
+        if record.skipped:
+            fields["skip_rows"] = record.skipped
         if record.error is not None:
             fields["error"] = record.error.message
         ACCESS.log(level, "request", extra={"fields": fields})

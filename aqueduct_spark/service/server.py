@@ -451,6 +451,7 @@ class DatasetService:
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
         limit = reader_limit(req)
         skip = Skip(skip_rows(req))  # a resumed scan: rows the reader has (service.resume)
+        note(skipped=skip.asked)
         out.ordered(maxsize=SCAN_QUEUE)
 
         def scan_one(raw: dict[str, Any]) -> Iterator[pa.RecordBatch]:

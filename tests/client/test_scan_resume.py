@@ -108,6 +108,8 @@ def test_a_cut_scan_resumes_from_its_row_and_the_rest_is_sent_once(
     first, second = sent
     assert first >= CUT  # what was delivered, and what was in flight when it was cut
     assert second == ROWS - CUT  # the resumed scan sent none of the rows delivered
+    resumed = [r for r in caplog.records if getattr(r, "fields", {}).get("op") == "scan"][-1]
+    assert resumed.fields["skip_rows"] == CUT  # type: ignore[attr-defined]  # operators see it
 
 
 def test_against_a_service_that_ignores_skip_rows_every_row_arrives_once(

@@ -16,6 +16,11 @@ them all: it takes the least loaded endpoint, ties going to the planned order, a
 the others the same way for the client's failover (a lost host's tasks go to the survivors
 with the least under way).
 
+An endpoint the client of one worker is avoiding (it failed there: a host killed mid-read)
+is published too, for :data:`AVOID_SHARED` seconds, renewed while that worker still avoids
+it: a task starting in another worker puts it last, instead of finding it the least loaded
+(its tasks are gone) and paying a failed attempt of its own (up to 3 s over QUIC).
+
 The files are advisory: a worker that died leaves a file that readers ignore (and remove)
 once its process is gone; a directory that cannot be written leaves the planned order.
 Within one process the client's spread (:mod:`aqueduct_spark.client.spread`) still
@@ -29,8 +34,13 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+AVOID_SHARED = 5.0
+"""Seconds the other workers of a host avoid an endpoint one of them is avoiding (renewed
+while it still does; its own pause grows from 1 s to 30 s, :mod:`~aqueduct_spark.client.spread`)."""
 
 
 def _directory() -> Path:
@@ -43,21 +53,34 @@ class HostLoad:
     with ``endpoints`` of them); this process's share is published as file ``pid``."""
 
     def __init__(
-        self, key: str, endpoints: int, directory: Path | None = None, pid: int | None = None
+        self,
+        key: str,
+        endpoints: int,
+        directory: Path | None = None,
+        pid: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         self.dir = (directory or _directory()) / digest
         self.endpoints = endpoints
         self.pid = os.getpid() if pid is None else pid
+        self.clock = clock
         self.mine = [0] * endpoints
+        self.avoid = [0.0] * endpoints
+        """Until when (wall clock: other processes compare it) this process asks the others
+        to avoid each endpoint."""
 
     def loads(self) -> list[int]:
         """Bytes under way at each endpoint: this process's and every live process's file."""
-        total = list(self.mine)
+        return self._read()[0]
+
+    def _read(self) -> tuple[list[int], list[float]]:
+        """Every live process's loads and avoidances, this one's included."""
+        loads, avoid = list(self.mine), list(self.avoid)
         try:
             entries = list(self.dir.iterdir())
         except OSError:
-            return total
+            return loads, avoid
         for entry in entries:
             if not entry.name.isdigit() or int(entry.name) == self.pid:
                 continue
@@ -67,13 +90,29 @@ class HostLoad:
                 continue
             try:
                 theirs = json.loads(entry.read_text())
-            except (OSError, ValueError):
+                their_loads, their_avoid = theirs["loads"], theirs["avoid"]
+            except (OSError, ValueError, TypeError, KeyError):
                 continue  # being replaced, or not ours: advisory only
-            if isinstance(theirs, list) and len(theirs) == self.endpoints:
-                for i, n in enumerate(theirs):
-                    if isinstance(n, int) and n > 0:
-                        total[i] += n
-        return total
+            if len(their_loads) != self.endpoints or len(their_avoid) != self.endpoints:
+                continue
+            for i in range(self.endpoints):
+                if isinstance(their_loads[i], int) and their_loads[i] > 0:
+                    loads[i] += their_loads[i]
+                if isinstance(their_avoid[i], (int, float)):
+                    avoid[i] = max(avoid[i], float(their_avoid[i]))
+        return loads, avoid
+
+    def note_avoided(self, avoided: Sequence[bool]) -> None:
+        """This process's client avoids these endpoints now: ask the others to, for
+        :data:`AVOID_SHARED` s (published again only once half of that has passed)."""
+        now = self.clock()
+        renew = [
+            i for i, yes in enumerate(avoided) if yes and self.avoid[i] - now < AVOID_SHARED / 2
+        ]
+        for i in renew:
+            self.avoid[i] = now + AVOID_SHARED
+        if renew:
+            self._publish()
 
     def choose(self, planned: Sequence[int], size: int = 0) -> tuple[int, ...]:
         """Every endpoint, least loaded first; ties in the ``planned`` order (the driver's
@@ -82,14 +121,20 @@ class HostLoad:
         of a similar size are level, so tasks starting together (each before it sees the
         others' choice) keep to their different plans instead of all taking the host whose
         task is a few bytes smaller."""
-        loads = self.loads()
+        loads, avoid = self._read()
+        now = self.clock()
         unit = max(1, size // 2)
         rank = {i: r for r, i in reversed(list(enumerate(planned)))}
         least = min(loads)
         return tuple(
             sorted(
                 range(self.endpoints),
-                key=lambda i: ((loads[i] - least) // unit, rank.get(i, len(rank)), i),
+                key=lambda i: (
+                    avoid[i] > now,  # another worker's client is avoiding it: last
+                    (loads[i] - least) // unit,
+                    rank.get(i, len(rank)),
+                    i,
+                ),
             )
         )
 
@@ -106,14 +151,17 @@ class HostLoad:
 
     def _add(self, index: int, size: int) -> None:
         self.mine[index] = max(0, self.mine[index] + size)
+        self._publish()
+
+    def _publish(self) -> None:
         path = self.dir / str(self.pid)
         try:
-            if not any(self.mine):
+            if not any(self.mine) and max(self.avoid) <= self.clock():
                 path.unlink(missing_ok=True)
                 return
             self.dir.mkdir(parents=True, exist_ok=True)
             staged = self.dir / f".{self.pid}.tmp"
-            staged.write_text(json.dumps(self.mine))
+            staged.write_text(json.dumps({"loads": self.mine, "avoid": self.avoid}))
             os.replace(staged, path)
         except OSError:
             pass  # advisory: this host's other tasks keep to their plan

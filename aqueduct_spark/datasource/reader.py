@@ -11,7 +11,7 @@ and :class:`AqueductPushdownReader` is the one the option ``pushDownPredicate=tr
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,7 +38,7 @@ from pyspark.sql.types import StructType
 
 from aqueduct_core.host import usable_cores
 from aqueduct_spark import protocol as P
-from aqueduct_spark.client.spread import plan_orders, split_bytes
+from aqueduct_spark.client.spread import plan_orders, split_bytes, spread_for
 from aqueduct_spark.client.urls import parse_endpoints
 from aqueduct_spark.datasource.host_load import host_load
 from aqueduct_spark.datasource.options import Options
@@ -118,19 +118,25 @@ class AqueductReader(DataSourceReader):
             (partition.endpoint,) if partition.endpoint is not None else ()
         )
         endpoints = parse_endpoints(partition.opts.url)
-        with contextlib.ExitStack() as stack:
-            order: tuple[int, ...] | None = tuple(planned) or None
-            if len(endpoints) > 1:  # the least loaded from this host (:mod:`.host_load`)
-                load = host_load(" ".join(map(str, endpoints)), len(endpoints))
-                order = stack.enter_context(load.claim(split_bytes(splits) or 0, planned))
-            yield from client.scan(
-                splits[0] if len(splits) == 1 else splits,
-                schema=schema,
-                columns=list(partition.columns),
-                filter=list(partition.filters) if partition.filters else None,
-                batch_rows=partition.opts.batch_rows,
-                endpoint=order,
-            )
+        batches = functools.partial(
+            client.scan,
+            splits[0] if len(splits) == 1 else splits,
+            schema=schema,
+            columns=list(partition.columns),
+            filter=list(partition.filters) if partition.filters else None,
+            batch_rows=partition.opts.batch_rows,
+        )
+        if len(endpoints) == 1:
+            yield from batches(endpoint=planned or None)
+            return
+        # the least loaded from this host, endpoints its workers avoid last (:mod:`.host_load`)
+        load = host_load(" ".join(map(str, endpoints)), len(endpoints))
+        spread = spread_for(endpoints)
+        load.note_avoided(spread.avoided())
+        with load.claim(split_bytes(splits) or 0, planned) as order:
+            for batch in batches(endpoint=order):
+                load.note_avoided(spread.avoided())  # a host lost mid-read: tell the others
+                yield batch
 
 
 def driver_cores() -> int:

@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from aqueduct_spark.datasource.host_load import HostLoad, host_load
+from aqueduct_spark.datasource.host_load import AVOID_SHARED, HostLoad, host_load
 
 
 def _gone() -> int:
@@ -76,3 +76,22 @@ def test_hosts_within_half_a_task_of_each_other_are_even(tmp_path: Path) -> None
         assert ours.choose((2, 0, 1), 12_000_000) == (2, 0, 1)
         assert ours.choose((2, 0, 1), 40_000_000) == (2, 0, 1)
         assert ours.choose((2, 0, 1), 100) == (1, 2, 0)  # a tiny task: bytes decide
+
+
+def test_an_endpoint_one_worker_avoids_comes_last_for_the_others(tmp_path: Path) -> None:
+    """A host killed mid-read has no task under way any more: by load alone every task
+    starting in another worker would try it first and pay a failed attempt of its own."""
+    now = [1000.0]
+    url = "tcp://a:1 tcp://b:1 tcp://c:1"
+    saw = HostLoad(url, 3, tmp_path, pid=os.getppid(), clock=lambda: now[0])
+    ours = HostLoad(url, 3, tmp_path, pid=os.getpid(), clock=lambda: now[0])
+    with saw.claim(100, (0, 1, 2)), saw.claim(100, (2, 0, 1)):
+        saw.note_avoided([False, True, False])  # b failed under its client
+        assert ours.choose((1, 0, 2), 100) == (0, 2, 1)  # idle b last, the plan for the rest
+    now[0] += AVOID_SHARED - 1
+    assert ours.choose((1, 0, 2), 100)[-1] == 1  # its tasks ended: the file stays for this
+    saw.note_avoided([False, True, False])  # still avoided there: renewed
+    now[0] += AVOID_SHARED - 1
+    assert ours.choose((1, 0, 2), 100)[-1] == 1
+    now[0] += AVOID_SHARED  # not renewed: tried again
+    assert ours.choose((1, 0, 2), 100) == (1, 0, 2)

@@ -150,7 +150,7 @@ class Hosts:
 
 
 class LinkSampler:
-    """Appends each service host's sent bytes, every :data:`SAMPLE` s, to a timeline file
+    """Appends each service host's received and sent bytes, every :data:`SAMPLE` s, to a timeline file
     as ``link`` events (from ``/proc/PID/net/dev``: the service process's namespace, read
     without starting a process) until :meth:`finish`."""
 
@@ -167,10 +167,13 @@ class LinkSampler:
         while True:
             at = time.time()
             for svc in self.services:
-                sent = _sent(svc)
-                if sent is not None:
+                moved = _moved(svc)
+                if moved is not None:
+                    rx, tx = moved
                     lines.append(
-                        json.dumps({"kind": "link", "host": svc["name"], "at": at, "tx": sent})
+                        json.dumps(
+                            {"kind": "link", "host": svc["name"], "at": at, "tx": tx, "rx": rx}
+                        )
                     )
             if self.stop.wait(self.SAMPLE):
                 break
@@ -182,8 +185,9 @@ class LinkSampler:
         self.thread.join()
 
 
-def _sent(svc: dict[str, Any]) -> int | None:
-    """Bytes service ``svc``'s interface sent so far; None once its process is gone."""
+def _moved(svc: dict[str, Any]) -> tuple[int, int] | None:
+    """Bytes service ``svc``'s interface received and sent so far; None once its process
+    is gone."""
     try:
         text = Path(f"/proc/{svc['pid']}/net/dev").read_text()
     except OSError:
@@ -191,7 +195,8 @@ def _sent(svc: dict[str, Any]) -> int | None:
     for line in text.splitlines():
         name, _, fields = line.partition(":")
         if name.strip() == svc["dev"]:
-            return int(fields.split()[8])
+            counts = fields.split()
+            return int(counts[0]), int(counts[8])
     return None
 
 

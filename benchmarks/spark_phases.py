@@ -369,12 +369,21 @@ def timeline(
 
 def _links(out: dict[str, Any], events: list[dict[str, Any]], start: float, rate: float) -> None:
     """Each host's cable during the read (see :func:`timeline`), into ``out["hosts"]``."""
+    for way, key in (("tx", "link"), ("rx", "link_in")):
+        samples: dict[str, list[tuple[float, int]]] = {}
+        for e in events:
+            if e["kind"] == "link" and way in e:
+                samples.setdefault(e["host"], []).append((e["at"] - start, e[way]))
+        _strips(out, samples, rate, key)
+
+
+def _strips(
+    out: dict[str, Any], samples: dict[str, list[tuple[float, int]]], rate: float, key: str
+) -> None:
+    """One direction of each host's cable (``key``: ``link`` what it sent, ``link_in``
+    what it received: the files it read from the store, for a read)."""
     width = RENDER_WIDTH
     total = out["seconds"] or 1.0
-    samples: dict[str, list[tuple[float, int]]] = {}
-    for e in events:
-        if e["kind"] == "link":
-            samples.setdefault(e["host"], []).append((e["at"] - start, e["tx"]))
     for name, seen in samples.items():
         seen.sort()
         sent = [0.0] * width
@@ -390,10 +399,16 @@ def _links(out: dict[str, Any], events: list[dict[str, Any]], start: float, rate
                 if hi > lo:
                     sent[column] += (y - x) * (hi - lo) / (b - a)
         host = out["hosts"].setdefault(name, {})
+        full = rate * total / width
+        if key == "link_in":
+            host[key] = "".join(
+                " " if b < full * 0.1 else "-" if b < full * 0.5 else "=" if b < full * 0.9 else "#"
+                for b in sent
+            )
+            continue
         host["link_full"] = round((seen[-1][1] - seen[0][1]) / rate, 2) if seen else 0.0
         host["link_from"] = round(busy[0], 2) if busy else None
         host["link_to"] = round(busy[-1], 2) if busy else None
-        full = rate * total / width
         host["link"] = "".join(
             " " if b < full * 0.1 else "-" if b < full * 0.5 else "=" if b < full * 0.9 else "#"
             for b in sent
@@ -440,6 +455,8 @@ def render(shape: dict[str, Any], width: int = RENDER_WIDTH) -> list[str]:
                 f"  {name:>5} link|{h['link']}| its bytes {h['link_full']:.2f} s at the "
                 f"link's rate; at half or more from {h['link_from']} to {h['link_to']} s"
             )
+        if "link_in" in h:
+            lines.append(f"  {name:>5}   in|{h['link_in']}| what it received")
     for name, h in shape["hosts"].items():
         if "tasks" in h:
             lines.append(

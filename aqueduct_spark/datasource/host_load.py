@@ -1,6 +1,6 @@
-"""Where a read task sends its scan when its URL names several endpoints: to the endpoint
-with the fewest bytes under way from every read task of this executor host, not only from
-this Python worker.
+"""Where a read task sends its scan when its URL names several endpoints: where the driver
+planned it, unless that endpoint has over a task's bytes more under way than the least
+loaded one, counting every read task of this executor host, not only this Python worker.
 
 Spark runs each task in a Python worker process that knows only its own work, and a worker
 starting a task has nothing under way: left alone, it takes the endpoint the driver planned
@@ -12,9 +12,12 @@ of a 15 s read while another's carried three tasks). Here each worker publishes 
 its tasks have under way at each endpoint in a small file of its own (one directory per
 URL, under the machine's temporary directory: the tasks of every Spark application on this
 host that read through these endpoints share their links too), and a task starting reads
-them all: it takes the least loaded endpoint, ties going to the planned order, and orders
-the others the same way for the client's failover (a lost host's tasks go to the survivors
-with the least under way).
+them all (:meth:`HostLoad.choose`): it keeps to its plan while its planned endpoint is
+within one task of the least loaded (the plan puts several tasks on each host at once, and
+tasks taken up together in any order would otherwise see each other as load and move off
+their homes one after the other: a first wave went 2/1/3 instead of 2/2/2), else takes the
+least loaded, and orders the others the same way for the client's failover (a lost host's
+tasks go to the survivors with the least under way).
 
 An endpoint the client of one worker is avoiding (it failed there: a host killed mid-read)
 is published too, for :data:`AVOID_SHARED` seconds, renewed while that worker still avoids
@@ -115,14 +118,17 @@ class HostLoad:
             self._publish()
 
     def choose(self, planned: Sequence[int], size: int = 0) -> tuple[int, ...]:
-        """Every endpoint, least loaded first; ties in the ``planned`` order (the driver's
-        :func:`~aqueduct_spark.client.spread.plan_orders` for this task). Loads that differ
-        by less than half of this task's ``size`` are even: two hosts each running a task
-        of a similar size are level, so tasks starting together (each before it sees the
-        others' choice) keep to their different plans instead of all taking the host whose
-        task is a few bytes smaller."""
+        """Every endpoint in the order to try them: the ``planned`` order (the driver's
+        :func:`~aqueduct_spark.client.spread.plan_orders` for this task), except that an
+        endpoint with more than one task (of this ``size``) under way beyond the least
+        loaded goes after those that have not, the busier the later, and one another worker
+        is avoiding goes last. Within one task of the least the plan holds: it puts several
+        tasks on each host at once, and tasks starting together, in whatever order their
+        workers take them, would otherwise each see the plan's other tasks as load and move
+        off their planned host one after the other."""
         loads, avoid = self._read()
         now = self.clock()
+        size = max(1, size)
         unit = max(1, size // 2)
         rank = {i: r for r, i in reversed(list(enumerate(planned)))}
         least = min(loads)
@@ -131,7 +137,7 @@ class HostLoad:
                 range(self.endpoints),
                 key=lambda i: (
                     avoid[i] > now,  # another worker's client is avoiding it: last
-                    (loads[i] - least) // unit,
+                    max(0, loads[i] - least - size) // unit,
                     rank.get(i, len(rank)),
                     i,
                 ),

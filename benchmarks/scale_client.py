@@ -27,6 +27,17 @@ MOD = 65536
 or missed changes them (and none overflows a long at the sizes run here)."""
 
 
+def cables(spec: dict[str, Any], rate: str | None) -> None:
+    """Shape every service host's cable to ``rate`` both ways (no change without one)."""
+    from benchmarks.realpath_link import shape
+
+    if rate is None or not spec.get("cables"):
+        return
+    for ns, dev, hub, port in spec["cables"]:
+        shape(ns, dev, rate)
+        shape(hub, port, rate)
+
+
 def log(text: str) -> None:
     print(
         f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {text}",
@@ -398,6 +409,7 @@ def main(spec: dict[str, Any]) -> None:
 
             return run
 
+        cables(spec, spec.get("append_rate"))
         for k in (1, 2, 3):
             check, run = Client(",".join(urls[:k]), **client_opts), appends(k)
             before = _rows(check, f"appends_{k}")
@@ -410,6 +422,8 @@ def main(spec: dict[str, Any]) -> None:
             cost["rows_per_s"] = cost["rows"] / cost["seconds"]
             out["appends"].append(cost)
             log(f"appends through {k}: {cost['commits_per_s']:.2f} commits/s")
+
+        cables(spec, spec.get("rate"))  # the read's rate again for the kill and the stream
 
     # -- a host killed mid-read, and mid-stream ---------------------------------------------
     victim = spec["services"][spec["kill"]]

@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -80,6 +81,8 @@ class HostLoad:
     def _read(self) -> tuple[list[int], list[float]]:
         """Every live process's loads and avoidances, this one's included."""
         loads, avoid = list(self.mine), list(self.avoid)
+        if not _private(self.dir.parent):
+            return loads, avoid
         try:
             entries = list(self.dir.iterdir())
         except OSError:
@@ -165,12 +168,27 @@ class HostLoad:
             if not any(self.mine) and max(self.avoid) <= self.clock():
                 path.unlink(missing_ok=True)
                 return
-            self.dir.mkdir(parents=True, exist_ok=True)
+            if not _private(self.dir.parent):
+                return  # another user's, or writable by others: not to be trusted
+            self.dir.mkdir(mode=0o700, exist_ok=True)
             staged = self.dir / f".{self.pid}.tmp"
             staged.write_text(json.dumps({"loads": self.mine, "avoid": self.avoid}))
             os.replace(staged, path)
         except OSError:
             pass  # advisory: this host's other tasks keep to their plan
+
+
+def _private(path: Path) -> bool:
+    """Whether ``path`` is a directory of this user that no other user may write, made so if
+    it is missing: the files steer this host's reads, so a directory another local user
+    created first (the name is predictable) or may write to is not used."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    return stat.S_ISDIR(st.st_mode) and mine and not st.st_mode & 0o022
 
 
 def _alive(pid: int) -> bool:

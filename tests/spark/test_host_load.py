@@ -8,6 +8,7 @@ hosts is ``tests/spark/test_scale_out.py`` (slow) and ``benchmarks/bench_scale.p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -116,3 +117,24 @@ def test_an_endpoint_one_worker_avoids_comes_last_for_the_others(tmp_path: Path)
     assert ours.choose((1, 0, 2), 100)[-1] == 1
     now[0] += AVOID_SHARED  # not renewed: tried again
     assert ours.choose((1, 0, 2), 100) == (1, 0, 2)
+
+
+def test_a_directory_other_users_may_write_steers_nothing(tmp_path: Path) -> None:
+    """The directory's name is predictable: a local user who made it first, or may write
+    to it, could plant loads that send this host's reads elsewhere. Such a directory is
+    neither read nor written; the plan holds."""
+    url = "tcp://a:1 tcp://b:1"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = HostLoad(url, 2, shared, pid=os.getppid())
+    planted.dir.mkdir()
+    (planted.dir / str(os.getppid())).write_text(
+        json.dumps({"loads": [1 << 30, 0], "avoid": [0, 0]})
+    )
+    ours = HostLoad(url, 2, shared, pid=os.getpid())
+    assert ours.choose((0, 1), 100) == (0, 1)  # the planted load is not read
+    with ours.claim(100, (0, 1)):
+        assert not (ours.dir / str(os.getpid())).exists()  # and nothing is published there
+    shared.chmod(0o700)  # this user's alone: used
+    assert ours.choose((0, 1), 100) == (1, 0)

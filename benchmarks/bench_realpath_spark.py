@@ -90,7 +90,7 @@ def spark_client(spec: dict[str, Any]) -> None:
         "concat('row-', cast(id as string)) as s",
         "timestamp_micros(id + 1700000000000000) as ts",
     )
-    results: dict[str, Any] = {}
+    jobs: dict[tuple[str, str], tuple[Any, str, list[int]]] = {}
     for label, (fmt, options, server) in spec["paths"].items():
         name = "t_" + "".join(c if c.isalnum() else "_" for c in label)
         if phases is not None:
@@ -104,31 +104,43 @@ def spark_client(spec: dict[str, Any]) -> None:
                 "overwrite"
             ).save()
 
-        results[label] = {}
-        for op, fn, wire in (("write", write, "tx"), ("read", read, "rx")):
-            fn()  # warm-up (and for read: the table the write just made)
+        servers = [server] if server else []
+        jobs[label, "write"] = (write, "tx", servers)
+        jobs[label, "read"] = (read, "rx", servers)
+    for fn, _, _ in jobs.values():
+        fn()  # warm-up (and for a read: the table its write just made)
+    # Rounds, each path and operation once per round: a drift of the machine (another
+    # process, the page cache, the JIT) falls on every path alike, not on the one measured
+    # while it happened (the paths measured one after another moved Flight's 4M-row write
+    # by 18% between two runs).
+    samples: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in jobs}
+    spent: dict[tuple[str, str], dict[str, list[float]]] = {key: {} for key in jobs}
+    for _ in range(spec["repeat"]):
+        for key, (fn, _, servers) in jobs.items():
             if phases is not None:
                 phases.write_text("")
-            samples = []
-            for _ in range(spec["repeat"]):
-                before = counters(spec["dev"], [server] if server else [])
-                fn()
-                after = counters(spec["dev"], [server] if server else [])
-                samples.append({k: after[k] - before[k] for k in before})
-            samples.sort(key=lambda s: s["at"])
-            mid = samples[len(samples) // 2]
-            results[label][op] = {
-                "seconds": mid["at"],
-                "wire": mid[wire],
-                "client_cpu": mid["client_cpu"],
-                "server_cpu": mid["server_cpu"],
-            }
+            before = counters(spec["dev"], servers)
+            fn()
+            after = counters(spec["dev"], servers)
+            samples[key].append({k: after[k] - before[k] for k in before})
             if phases is not None:  # per query: seconds summed over the processes
-                results[label][op]["phases"] = {
-                    k: (n / spec["repeat"], t / spec["repeat"])
-                    for k, (n, t) in summary(phases).items()
-                }
-        r = results[label]
+                for k, (n, t) in summary(phases).items():
+                    got = spent[key].setdefault(k, [0.0, 0.0])
+                    got[0] += n / spec["repeat"]
+                    got[1] += t / spec["repeat"]
+    results: dict[str, Any] = {}
+    for (label, op), (_, wire, _) in jobs.items():
+        ordered = sorted(samples[label, op], key=lambda s: s["at"])
+        mid = ordered[len(ordered) // 2]
+        results.setdefault(label, {})[op] = {
+            "seconds": mid["at"],
+            "wire": mid[wire],
+            "client_cpu": mid["client_cpu"],
+            "server_cpu": mid["server_cpu"],
+        }
+        if phases is not None:
+            results[label][op]["phases"] = {k: tuple(v) for k, v in spent[label, op].items()}
+    for label, r in results.items():
         print(
             f"{label:18} write {r['write']['seconds']:6.2f} s   read {r['read']['seconds']:6.2f} s",
             file=sys.stderr,

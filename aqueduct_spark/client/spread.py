@@ -184,6 +184,12 @@ class Spread:
         pause = min(AVOID * 2.0 ** (state.failures - 1), AVOID_MAX)
         state.avoid_until = self._clock() + pause
 
+    def avoid(self, index: int, seconds: float) -> None:
+        """Avoid endpoint ``index`` for ``seconds`` more (unless already for longer): another
+        process on this host saw it fail. Not a failure here, so the pause does not grow."""
+        state = self._state[index]
+        state.avoid_until = max(state.avoid_until, self._clock() + max(0.0, seconds))
+
     def succeeded(self, index: int) -> None:
         """Endpoint ``index`` did its work: it is no longer avoided."""
         state = self._state[index]

@@ -19,10 +19,11 @@ their homes one after the other: a first wave went 2/1/3 instead of 2/2/2), else
 least loaded, and orders the others the same way for the client's failover (a lost host's
 tasks go to the survivors with the least under way).
 
-An endpoint the client of one worker is avoiding (it failed there: a host killed mid-read)
-is published too, for :data:`AVOID_SHARED` seconds, renewed while that worker still avoids
-it: a task starting in another worker puts it last, instead of finding it the least loaded
-(its tasks are gone) and paying a failed attempt of its own (up to 3 s over QUIC).
+An endpoint the client of one worker is avoiding (it failed there: a host killed mid-read
+or mid-write) is published too, for :data:`AVOID_SHARED` seconds, renewed while that worker still avoids
+it: a read task starting in another worker puts it last, instead of finding it the least
+loaded (its tasks are gone) and paying a failed attempt of its own (up to 3 s over QUIC),
+and a write task's client avoids it (:func:`shared_avoidance`).
 
 The files are advisory: a worker that died leaves a file that readers ignore (and remove)
 once its process is gone; a directory that cannot be written leaves the planned order.
@@ -41,6 +42,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from aqueduct_spark.client.spread import spread_for
+from aqueduct_spark.client.urls import Endpoint
 
 AVOID_SHARED = 5.0
 """Seconds the other workers of a host avoid an endpoint one of them is avoiding (renewed
@@ -107,6 +111,11 @@ class HostLoad:
                 if isinstance(their_avoid[i], (int, float)):
                     avoid[i] = max(avoid[i], float(their_avoid[i]))
         return loads, avoid
+
+    def avoided_for(self) -> list[float]:
+        """Seconds each endpoint is still to be avoided, as this host's workers ask (0: not)."""
+        now = self.clock()
+        return [max(0.0, until - now) for until in self._read()[1]]
 
     def note_avoided(self, avoided: Sequence[bool]) -> None:
         """This process's client avoids these endpoints now: ask the others to, for
@@ -202,6 +211,27 @@ def _alive(pid: int) -> bool:
 
 
 _loads: dict[tuple[str, int], HostLoad] = {}
+
+
+@contextlib.contextmanager
+def shared_avoidance(endpoints: Sequence[Endpoint], load: HostLoad | None = None) -> Iterator[None]:
+    """A write task's part in this host's avoidances (reads take theirs in
+    :meth:`HostLoad.claim`): an endpoint another worker avoids is avoided by this process's
+    client too, for what is left of that, instead of a fresh worker paying a failed attempt
+    at a host already lost (a stream's micro-batch after a kill: 0.2-1.8 s a task); one this
+    task's client came to avoid is published for the others."""
+    if len(endpoints) < 2:
+        yield
+        return
+    load = load or host_load(" ".join(map(str, endpoints)), len(endpoints))
+    spread = spread_for(endpoints)
+    for index, left in enumerate(load.avoided_for()):
+        if left > 0:
+            spread.avoid(index, left)
+    try:
+        yield
+    finally:
+        load.note_avoided(spread.avoided())
 
 
 def host_load(key: str, endpoints: int) -> HostLoad:

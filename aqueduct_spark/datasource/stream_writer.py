@@ -28,6 +28,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from aqueduct_spark.client.urls import parse_endpoints
+from aqueduct_spark.datasource.host_load import shared_avoidance
 from aqueduct_spark.datasource.options import OptionError, Options
 from aqueduct_spark.datasource.schemas import writable_arrow
 from aqueduct_spark.datasource.task_errors import deferred, first_error, surfaced
@@ -106,7 +108,8 @@ class AqueductStreamWriter(DataSourceStreamArrowWriter):
             attempt = ctx.attemptNumber()
             task = f"b{batch_id}-p{ctx.partitionId()}-a{attempt}-{task}"
         try:
-            staged = self.opts.client().write_task(self.txn, iterator, task=task, endpoint=home)
+            with shared_avoidance(parse_endpoints(self.opts.url)):
+                staged = self.opts.client().write_task(self.txn, iterator, task=task, endpoint=home)
         except Exception as exc:
             if not deferred(exc):
                 raise  # may heal: Spark tries the task again

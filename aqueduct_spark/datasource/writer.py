@@ -15,6 +15,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from aqueduct_spark.client.urls import parse_endpoints
+from aqueduct_spark.datasource.host_load import shared_avoidance
 from aqueduct_spark.datasource.options import Options
 from aqueduct_spark.datasource.schemas import writable_arrow
 from aqueduct_spark.datasource.task_errors import deferred, first_error, surfaced
@@ -60,9 +62,10 @@ class AqueductWriter(DataSourceArrowWriter):
         task = f"p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
         try:
             # the partition's index: which endpoint this task prefers when they are even
-            staged = self.opts.client().write_task(
-                self.txn, iterator, task=task, endpoint=partition
-            )
+            with shared_avoidance(parse_endpoints(self.opts.url)):
+                staged = self.opts.client().write_task(
+                    self.txn, iterator, task=task, endpoint=partition
+                )
         except Exception as exc:
             if not deferred(exc):
                 raise  # may heal: Spark tries the task again

@@ -138,3 +138,28 @@ def test_a_directory_other_users_may_write_steers_nothing(tmp_path: Path) -> Non
         assert not (ours.dir / str(os.getpid())).exists()  # and nothing is published there
     shared.chmod(0o700)  # this user's alone: used
     assert ours.choose((0, 1), 100) == (1, 0)
+
+
+def test_a_write_task_avoids_an_endpoint_another_worker_lost(tmp_path: Path) -> None:
+    """A stream's next micro-batch runs its write tasks in workers that never saw the host
+    die: each would try it first (its partition's endpoint) and pay a failed attempt. They
+    take this host's avoidances instead, and publish one their own client comes to."""
+    from aqueduct_spark.client.spread import spread_for
+    from aqueduct_spark.client.urls import parse_endpoints
+    from aqueduct_spark.datasource.host_load import shared_avoidance
+
+    url = f"tcp://a{os.getpid()}.invalid:1,tcp://b.invalid:1,tcp://c.invalid:1"
+    endpoints = parse_endpoints(url)
+    key = " ".join(map(str, endpoints))
+    saw = HostLoad(key, 3, tmp_path, pid=os.getppid())
+    ours = HostLoad(key, 3, tmp_path, pid=os.getpid())
+    spread = spread_for(endpoints)
+    assert spread.pick(prefer=1) == 1  # by itself, this worker would go to b
+    saw.note_avoided([False, True, False])  # b failed under another worker's client
+    with shared_avoidance(endpoints, ours):
+        assert spread.pick(prefer=1) != 1
+        assert spread.avoided() == [False, True, False]
+        spread.failed(2)  # then c fails under this one
+    later = HostLoad(key, 3, tmp_path, pid=_gone())
+    left = later.avoided_for()
+    assert left[2] > AVOID_SHARED - 1 and left[0] == 0.0  # published for the others

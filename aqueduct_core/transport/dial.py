@@ -4,7 +4,9 @@
 The ``prefer``red transport (QUIC unless the caller says ``tcp``) starts first; if it has not
 completed its handshake after ``tcp.race_delay`` (250 ms), the other starts too, and the first
 connection whose Aqueduct handshake completes wins; the other attempt is cancelled (or closed,
-if it completed in the same instant). A first attempt that fails outright (UDP refused, TCP
+if it completed in the same instant). That clean-up runs to its end even when the caller is
+cancelled during it (a timeout around ``connect``, a task group closing): every connection
+an attempt completed is closed, the winner too if the caller will not get it. A first attempt that fails outright (UDP refused, TCP
 refused, an address that does not resolve) starts the other at once. To a service on this
 machine (a loopback address, or one of the machine's own) there is no timer: no network in
 between can drop either, and a loaded machine's handshake may well take longer than the
@@ -228,7 +230,7 @@ async def _race(
             _lost[(host, port, prefer)] = now
         return winner
     finally:
-        await _drop_losers(tasks, winner)
+        await _settle(tasks, winner)
 
 
 async def _same_host(host: str, port: int) -> bool:
@@ -252,6 +254,33 @@ async def _same_host(host: str, port: int) -> bool:
             if ipaddress.ip_address(probe.getsockname()[0].split("%")[0]) == ip:
                 return True
     return False
+
+
+async def _settle(tasks: Sequence[asyncio.Future[Connection]], winner: Connection | None) -> None:
+    """The race's clean-up (:func:`_drop_losers`), run to the end even if the caller is
+    cancelled meanwhile (a timeout around ``connect``, a task group closing, a second cancel
+    while the first one's clean-up runs): an attempt that completed but did not win is then
+    still closed, and so is the winner, which nobody will get now."""
+    cleanup = asyncio.ensure_future(_drop_losers(tasks, winner))
+    try:
+        await asyncio.shield(cleanup)
+    except asyncio.CancelledError:
+        orphan = asyncio.ensure_future(_close_orphaned(cleanup, winner))
+        _cleanups.add(orphan)
+        orphan.add_done_callback(_cleanups.discard)
+        raise
+
+
+_cleanups: set[asyncio.Future[None]] = set()
+"""Clean-ups of races whose caller was cancelled, running on (the loop keeps only a weak
+reference to a task: one not held here could be collected half-way)."""
+
+
+async def _close_orphaned(cleanup: asyncio.Future[None], winner: Connection | None) -> None:
+    await cleanup
+    if winner is not None:
+        with contextlib.suppress(ConnectionLost):
+            await winner.close(0, "the connection attempt was cancelled")
 
 
 async def _drop_losers(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -142,21 +144,56 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
     after its first refusal; a scan cut off mid-way resumes on the other endpoint. And a
     host that stops answering (SIGSTOP: not even pings answered; QUIC ignores ICMP after the
     handshake, so a dead host is known by its silence) is left after STALL seconds: both
-    endpoints fall silent here, are left in turn, and the scan is done once it is back."""
+    endpoints fall silent here, are left in turn, and the scan is done once it is back.
+
+    Nothing here assumes a fast machine: a small receive window keeps the service from
+    sending a scan far ahead of its reader (else a slow reader has the whole task buffered
+    before the cut, which then cuts nothing); the silent endpoints are held open before the
+    stop (one being connected to is not watched for silence: connecting has its own
+    timeout); and the service is resumed once both were left, not after a fixed time, with
+    STALL back to its default (a short one would also judge the resumed service's first
+    answer, a handshake and a scan, against 0.25 s)."""
+    import logging
     import os
     import signal
 
+    from aqueduct_core.engine.config import EngineConfig
+    from aqueduct_core.transport import TransportConfig
     from aqueduct_spark.client import spreader as spread_module
 
     port = service.url.rsplit(":", 1)[1]
-    url = f"quic://127.0.0.1:{closed_port()},{service.url},tcp://127.0.0.1:{port}"
+    tcp_url = f"tcp://127.0.0.1:{port}"
+    small_window = TransportConfig(engine=EngineConfig(flow_window=16 * 1024))
     config = ClientConfig(
-        url, tls=ClientTLS(fingerprint=service.fingerprint), token=service.token, retries=1
+        f"quic://127.0.0.1:{closed_port()},{service.url},{tcp_url}",
+        tls=ClientTLS(fingerprint=service.fingerprint),
+        token=service.token,
+        retries=1,
+        transport=small_window,
     )
     ids = pa.array(range(8_000), pa.int64())
     table = pa.table({"id": ids, "s": pa.array([f"row-{i}" for i in range(8_000)])})
 
-    async def run() -> None:
+    class ResumeWhenBothAreLeft(logging.Handler):
+        """SIGCONT to the service once the scan left both silent endpoints."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.left = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "no answer for 0.25 s" in record.getMessage():
+                self.left += 1
+                if self.left == 2:
+                    resume()
+
+    def resume() -> None:
+        monkeypatch.setattr(spread_module, "STALL", normal_stall)
+        os.kill(service.proc.pid, signal.SIGCONT)
+
+    normal_stall = spread_module.STALL
+
+    async def run() -> tuple[list[Any], pa.Schema, list[int]]:
         async with AsyncClient(config) as client:
             spread = spread_for(client._endpoints)
             name = f"spread_{random.randrange(1 << 30)}"
@@ -194,22 +231,40 @@ def test_work_spreads_over_endpoints_and_avoids_a_dead_one(
             rows = sorted(r for part in read for r in part)
             assert rows == list(range(8_000))  # every row exactly once
             assert after[1] - before[1] >= 2 and after[2] - before[2] >= 2
+            assert "(resuming after row 200)" in caplog.text  # the cut one moved on
+        return tasks, plan.schema, read[0]
 
+    async def stall(tasks: list[Any], schema: pa.Schema, expected: list[int]) -> None:
+        # The two live endpoints alone (a spread of its own, nothing avoided), each with
+        # its bulk connection open and proven.
+        again = replace(config, url=f"{service.url},{tcp_url}", retry_backoff=0.05)
+        async with AsyncClient(again) as client:
+            for home in (0, 1):
+                async for _ in client.scan(tasks[1], schema=schema, endpoint=home):
+                    pass
+            spreader = client._spreader
+            assert spreader is not None
+            assert all(spreader._clients[i]._held(BULK) is not None for i in (0, 1))
             # Stopped before the scan, so that nothing of it can be buffered already.
             monkeypatch.setattr(spread_module, "STALL", 0.25)
             os.kill(service.proc.pid, signal.SIGSTOP)
-            asyncio.get_running_loop().call_later(0.6, os.kill, service.proc.pid, signal.SIGCONT)
+            backstop = asyncio.get_running_loop().call_later(10, resume)
             got = [
                 i
-                async for b in client.scan(tasks[0], schema=plan.schema, endpoint=1)
+                async for b in client.scan(tasks[0], schema=schema, endpoint=0)
                 for i in b.column("id").to_pylist()
             ]
-            assert got == read[0]
-            assert "no answer for 0.25 s" in caplog.text
+            backstop.cancel()
+            assert got == expected
+            left = re.findall(r"at (\S+) failed \(no answer for 0\.25 s\b", caplog.text)
+            assert sorted(left) == sorted([service.url, tcp_url])  # each left once, in turn
 
+    watcher = ResumeWhenBothAreLeft()
+    logging.getLogger("aqueduct.client").addHandler(watcher)
     try:
-        asyncio.run(run())
+        asyncio.run(stall(*asyncio.run(run())))
     finally:
+        logging.getLogger("aqueduct.client").removeHandler(watcher)
         os.kill(service.proc.pid, signal.SIGCONT)
 
 

@@ -277,10 +277,12 @@ reference to a task: one not held here could be collected half-way)."""
 
 
 async def _close_orphaned(cleanup: asyncio.Future[None], winner: Connection | None) -> None:
-    await cleanup
-    if winner is not None:
-        with contextlib.suppress(ConnectionLost):
-            await winner.close(0, "the connection attempt was cancelled")
+    try:
+        await cleanup
+    finally:  # even if the clean-up failed, or this is cancelled as the loop ends
+        if winner is not None:
+            with contextlib.suppress(ConnectionLost):
+                await winner.close(0, "the connection attempt was cancelled")
 
 
 async def _drop_losers(

@@ -1,7 +1,7 @@
 """A service that is not there fails fast, naming the URL and how to start one: a real closed
 port (the host answers at once: ICMP port unreachable, TCP reset), a real silent one (a UDP
 socket and a TCP listener that never answer), through the Python client and the CLI (Spark:
-``tests/spark/test_unreachable.py``). And
+``tests/spark/test_spark_unreachable.py``). And
 every client takes the service's address, token and fingerprint from the environment."""
 
 from __future__ import annotations

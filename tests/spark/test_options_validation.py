@@ -150,8 +150,8 @@ def test_spark_fails_at_once_naming_the_option_before_any_task(
         sc.setLocalProperty("spark.jobGroup.id", None)
     print(f"a missing cafile failed a read in {took:.2f} s (load {os.getloadavg()[0]:.1f})")
     assert "no Aqueduct server answered" not in str(e.value)
-    # no retry rounds (their budget is 15 s; the error cannot heal): a bound far from what a
-    # loaded machine takes to plan (0.2-2 s), not a speed target
+    # no hang on a connection (the error above names the option, not a server): a bound far
+    # from what a loaded machine takes to plan (0.2-2 s), not a speed target
     assert took < 10.0
     assert sc.statusTracker().getJobIdsForGroup("missing-cafile") == []  # no task ran
 

@@ -33,7 +33,11 @@ if TYPE_CHECKING:  # both imported where used: the Spark options check imports t
     from aqueduct_core.api.path import PathReading, PathSample
 
 CODECS = ("lz4", "zstd")
-"""The codecs an Arrow IPC message can declare, in the order ``auto`` prefers them."""
+"""The codecs an Arrow IPC message can declare, lightest first (the order ``auto`` prefers
+them)."""
+LIGHTEST_FIRST = ("none", *CODECS)
+"""Every setting ``auto`` chooses from, by CPU per byte (at both ends): a heavier one must
+beat each lighter one by ``auto``'s margin to be chosen, and to be kept."""
 SETTINGS = ("auto", "none", *CODECS)
 ZSTD_LEVELS = (-7, 22)
 """The zstd levels a setting may name (negative: faster, larger)."""
@@ -207,23 +211,30 @@ class Estimate:
 def choose(
     current: str, reading: PathReading, arrow_rate: float, estimate: Estimate, margin: float
 ) -> str:
-    """The codec for the next interval, from one interval's reading (a pure function): the
-    one expected to deliver the most Arrow bytes per second (:meth:`Estimate.rate`; the
-    current codec at ``arrow_rate``, what it moved in this interval, when the network was
-    not the limit), if it beats the current one by more than ``margin``.
+    """The codec for the next interval, from one interval's reading (a pure function), by
+    the Arrow bytes per second each is expected to deliver (:meth:`Estimate.rate`; the
+    current codec at ``arrow_rate``, what it moved lately, when the network was not the
+    limit): starting from the lightest (``none``), a heavier codec (more CPU per byte, at
+    both ends: :data:`LIGHTEST_FIRST`) is taken only if it beats the one taken so far by
+    more than ``margin``. So a heavier codec must win by the margin to be chosen and to be
+    kept; about as fast as a lighter one is not enough, as the CPU it takes from the rest
+    of the machine is not in its figure.
 
-    Uncompressed, and the network not the limit (our CPU, the reader's, or the application
-    was): it stays so; compressing would only add work where the work is the limit.
+    The network not the limit (our CPU, the reader's, or the application was): no heavier
+    codec than the current one is considered, as it would only add work where the work is
+    the limit; uncompressed, it stays so.
     """
-    if current == "none" and not reading.link_limited:
-        return "none"
-    rates = {c: estimate.rate(c) for c in ("none", *estimate.ratios)}
-    if not reading.link_limited:
+    offered = [c for c in LIGHTEST_FIRST if c == "none" or c in estimate.ratios]
+    if not reading.link_limited and current in offered:
+        offered = offered[: offered.index(current) + 1]  # lighter ones, or as it is
+    rates = {c: estimate.rate(c) for c in offered}
+    if not reading.link_limited and current in rates:
         rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
-    best = max(rates, key=lambda c: rates[c])
-    if best != current and rates[best] > rates.get(current, 0.0) * (1 + margin):
-        return best
-    return current
+    best = offered[0]
+    for codec in offered[1:]:
+        if rates[codec] > rates[best] * (1 + margin):
+            best = codec
+    return best
 
 
 QUEUED = 512
@@ -248,13 +259,17 @@ class AutoCompression:
     - once it is, one batch is compressed with each offered codec it has not measured (or
       not for ``revisit`` seconds): its ratio and speed on this data;
     - then the codec expected to deliver the most Arrow bytes per second: what it delivered
-      on this path in the last ``revisit`` seconds, or for a codec not tried lately the
-      link's rate over its ratio, capped by how fast the codec encodes (a promise: a codec
-      is tried on it, and kept only if it delivers). A switch must gain more than
-      ``margin``; between codecs, or back to none, it must be agreed by ``settle``
-      intervals in a row (leaving none for a codec the link asks for is at once).
-      A codec tried on a model's promise that delivers less goes back, and is not tried
-      again until its measurement is ``revisit`` seconds old.
+      on this path (the current codec: lately; another: in the last ``retry`` seconds), or
+      for a codec not measured so the link's rate over its ratio, capped by how fast the
+      codec encodes (a promise: a codec is tried on it, and kept only if it delivers). A
+      heavier codec (more CPU per byte: zstd over lz4 over none) must beat each lighter
+      one by more than ``margin`` to be chosen, and to be kept (:func:`choose`), and is
+      considered only while the network is the limit with the current one. A switch
+      between codecs, or back to none, must be agreed by ``settle`` intervals in a row
+      (leaving none for a codec the link asks for is at once). A codec tried on a
+      promise that does not deliver the margin goes back, and is not tried again until
+      its measurement is ``retry`` seconds old (a measurement from a busy moment of the
+      machine does not rule a codec out for long).
 
     Sans-IO: the caller passes the clock and the transport's samples.
     """
@@ -264,6 +279,8 @@ class AutoCompression:
     margin: float = 0.15
     settle: int = 2
     revisit: float = 30.0
+    retry: float = 10.0
+    """Seconds a codec's delivered rate counts once it is no longer in use."""
     keep: float = 0.8
     """Weight of what was measured before, per message (recent batches count most)."""
     current: str = "none"
@@ -396,7 +413,7 @@ class AutoCompression:
 
     def _measured(self, codec: str, rate: float, now: float) -> None:
         old = self._delivered.get(codec)
-        if old is None or now - old[1] > self.revisit:
+        if old is None or now - old[1] > self.retry:
             self._delivered[codec] = (rate, now, 1)
         else:
             self._delivered[codec] = ((old[0] + rate) / 2, now, old[2] + 1)
@@ -416,7 +433,9 @@ class AutoCompression:
         delivered = {
             c: rate
             for c, (rate, at, intervals) in self._delivered.items()
-            if now - at <= self.revisit and intervals >= MEASURED and (c == "none" or c in ratios)
+            if now - at <= (self.revisit if c == self.current else self.retry)
+            and intervals >= MEASURED
+            and (c == "none" or c in ratios)
         }
         return Estimate(self.link or 0.0, ratios, sender, delivered)
 
@@ -435,7 +454,9 @@ class AutoCompression:
     def seeded(self, codecs: Sequence[str], now: float) -> AutoCompression:
         """A policy for a new connection over the same path (the same peer host): what this
         one measured, if the network was the limit within ``revisit`` seconds; its first
-        batches go out as this one's last did."""
+        batches go out as this one's last did, but what that codec delivers is measured
+        again on the new connection before it counts (a choice carried over is checked,
+        not taken on trust: against the lighter codecs, as :func:`choose` does)."""
         new = AutoCompression(codecs)
         stale = self.link is None or now - self.link_at > self.revisit
         if stale or tuple(codecs) != tuple(self.codecs):
@@ -443,5 +464,5 @@ class AutoCompression:
         new.current = self.current if self.current in (*codecs, "none") else "none"
         new.link, new.link_at = self.link, self.link_at
         new._rates = {c: replace(r) for c, r in self._rates.items()}
-        new._delivered = dict(self._delivered)
+        new._delivered = {c: d for c, d in self._delivered.items() if c != new.current}
         return new

@@ -215,7 +215,7 @@ def choose(
     the Arrow bytes per second each is expected to deliver (:meth:`Estimate.rate`; the
     current codec at ``arrow_rate``, what it moved lately, when the network was not the
     limit): starting from the lightest (``none``), a heavier codec (more CPU per byte, at
-    both ends: :data:`LIGHTEST_FIRST`) is taken only if it beats the one taken so far by
+    both ends: :data:`LIGHTEST_FIRST`) is taken only if it beats every lighter one by
     more than ``margin``. So a heavier codec must win by the margin to be chosen and to be
     kept; about as fast as a lighter one is not enough, as the CPU it takes from the rest
     of the machine is not in its figure.
@@ -230,10 +230,11 @@ def choose(
     rates = {c: estimate.rate(c) for c in offered}
     if not reading.link_limited and current in rates:
         rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
-    best = offered[0]
+    best, bar = offered[0], rates[offered[0]]
     for codec in offered[1:]:
-        if rates[codec] > rates[best] * (1 + margin):
+        if rates[codec] > bar * (1 + margin):
             best = codec
+        bar = max(bar, rates[codec])
     return best
 
 
@@ -261,7 +262,8 @@ class AutoCompression:
     - then the codec expected to deliver the most Arrow bytes per second: what it delivered
       on this path (the current codec: lately; another: in the last ``retry`` seconds), or
       for a codec not measured so the link's rate over its ratio, capped by how fast the
-      codec encodes (a promise: a codec is tried on it, and kept only if it delivers). A
+      codec encodes and by what a lighter codec delivered with the CPU the limit (a
+      promise: a codec is tried on it, and kept only if it delivers). A
       heavier codec (more CPU per byte: zstd over lz4 over none) must beat each lighter
       one by more than ``margin`` to be chosen, and to be kept (:func:`choose`), and is
       considered only while the network is the limit with the current one. A switch
@@ -289,9 +291,10 @@ class AutoCompression:
     link_at: float = 0.0
     switches: int = 0
     _rates: dict[str, _Rates] = field(default_factory=dict)
-    _delivered: dict[str, tuple[float, float, int]] = field(default_factory=dict)
-    """Per codec: Arrow bytes/s it delivered over whole intervals (decaying), when, and over
-    how many intervals in a row."""
+    _delivered: dict[str, tuple[float, float, int, float]] = field(default_factory=dict)
+    """Per codec: Arrow bytes/s it delivered over whole intervals (decaying), when, over
+    how many intervals in a row, and the share of them the network was the limit in
+    (decaying the same way)."""
     _probe: list[str] = field(default_factory=list)
     _last: PathSample | None = None
     _due: float = float("-inf")
@@ -376,7 +379,7 @@ class AutoCompression:
         if self.link is None:
             return False  # never limited by the network: nothing to gain
         if clean:
-            self._measured(main, arrow_rate, now)
+            self._measured(main, arrow_rate, now, reading.link_limited)
         if self.current != "none" and now - self.link_at > self.revisit:
             wanted = "none"  # compressing for long with the CPU the limit: is the link still slow?
         else:
@@ -411,12 +414,12 @@ class AutoCompression:
                 queue.popleft()
         return got
 
-    def _measured(self, codec: str, rate: float, now: float) -> None:
+    def _measured(self, codec: str, rate: float, now: float, limited: bool) -> None:
         old = self._delivered.get(codec)
         if old is None or now - old[1] > self.retry:
-            self._delivered[codec] = (rate, now, 1)
+            self._delivered[codec] = (rate, now, 1, float(limited))
         else:
-            self._delivered[codec] = ((old[0] + rate) / 2, now, old[2] + 1)
+            self._delivered[codec] = ((old[0] + rate) / 2, now, old[2] + 1, (old[3] + limited) / 2)
 
     def _probe_due(self, now: float) -> bool:
         """Queue one compressed batch of each codec not measured lately."""
@@ -432,11 +435,19 @@ class AutoCompression:
         ratios = {c: r.ratio for c, r in measured.items() if c != "none"}
         delivered = {
             c: rate
-            for c, (rate, at, intervals) in self._delivered.items()
+            for c, (rate, at, intervals, _) in self._delivered.items()
             if now - at <= (self.revisit if c == self.current else self.retry)
             and intervals >= MEASURED
             and (c == "none" or c in ratios)
         }
+        # A codec that delivered this much with the CPU, not the network, the limit: a
+        # heavier one (more CPU per byte at both ends) is not promised more than that.
+        cap = float("inf")
+        for codec in CODECS:
+            if codec in sender:
+                sender[codec] = min(sender[codec], cap)
+            if codec in delivered and self._delivered[codec][3] < 0.5:
+                cap = min(cap, delivered[codec])
         return Estimate(self.link or 0.0, ratios, sender, delivered)
 
     def _vote(self, wanted: str) -> bool:

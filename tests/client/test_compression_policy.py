@@ -146,6 +146,10 @@ def test_a_heavier_codec_about_as_fast_as_a_lighter_one_goes_back_to_it() -> Non
     assert choose("zstd", busy, 240 * MB, measured(lz4=200, zstd=240), 0.15) == "zstd"
     # and a codec about as fast as none is not kept either
     assert choose("lz4", busy, 125 * MB, measured(none=118, lz4=125), 0.15) == "none"
+    # every lighter one: zstd beats none by the margin, not lz4, which none beat
+    assert choose("none", reading(), 118 * MB, measured(none=118, lz4=130, zstd=140), 0.15) == (
+        "none"
+    )
 
 
 def test_a_heavier_codec_is_not_tried_while_the_cpu_is_the_limit() -> None:
@@ -301,6 +305,19 @@ def test_at_a_gigabit_where_zstd_delivers_about_what_lz4_does_lz4_is_kept() -> N
     used = [path.batch(policy, {**ENCODE, "zstd": 200 * MB}) for _ in range(600)]
     assert used[-300:] == ["lz4"] * 300
     assert policy.switches <= 3
+
+
+def test_where_lz4_left_the_cpu_the_limit_zstd_is_not_promised_more_than_lz4_delivered() -> None:
+    # lz4 delivered 100 MB/s with the link idle half the time (the CPU the limit): less
+    # than the link carries uncompressed, so none again; zstd, more CPU per byte, cannot
+    # do better there, whatever its encoder alone promises (150)
+    path = Path2(118 * MB, RATIOS, {"none": 600 * MB, "lz4": 100 * MB, "zstd": 95 * MB})
+    policy = AutoCompression()
+    used = []
+    while path.at < policy.retry - 1:
+        used.append(path.batch(policy, {**ENCODE, "zstd": 150 * MB}))
+    assert used.count("lz4") > 2 and used.count("zstd") == 1  # tried; probed only
+    assert used[-20:] == ["none"] * 20
 
 
 def test_a_codec_ruled_out_at_a_busy_moment_is_tried_again_after_retry_seconds() -> None:

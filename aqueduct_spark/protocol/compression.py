@@ -220,13 +220,15 @@ def choose(
     kept; about as fast as a lighter one is not enough, as the CPU it takes from the rest
     of the machine is not in its figure.
 
-    The network not the limit (our CPU, the reader's, or the application was): no heavier
-    codec than the current one is considered, as it would only add work where the work is
-    the limit; uncompressed, it stays so.
+    The network the limit: the next heavier codec is considered, one step at a time (a
+    lighter codec is tried before a heavier one: one probe batch tells its ratio well, its
+    speed less so). Not the limit (our CPU, the reader's, or the application was): no
+    heavier codec than the current one is, as it would only add work where the work is the
+    limit; uncompressed, it stays so.
     """
     offered = [c for c in LIGHTEST_FIRST if c == "none" or c in estimate.ratios]
-    if not reading.link_limited and current in offered:
-        offered = offered[: offered.index(current) + 1]  # lighter ones, or as it is
+    if current in offered:  # lighter ones, as it is, and the next heavier one if the link asks
+        offered = offered[: offered.index(current) + (2 if reading.link_limited else 1)]
     rates = {c: estimate.rate(c) for c in offered}
     if not reading.link_limited and current in rates:
         rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
@@ -240,8 +242,11 @@ def choose(
 
 QUEUED = 512
 """Batches ``auto`` follows from being sent to being delivered, at most."""
-MEASURED = 2
+MEASURED = 3
 """Intervals of a codec's own (:data:`CLEAN`) that make its measurement count."""
+RECENT = 1 / 3
+"""Weight of an interval's delivered rate in a codec's measurement (the rest: the ones
+before): a few slow intervals (a file opening, a busy moment) do not decide alone."""
 CLEAN = 0.9
 """The least share of an interval's delivered Arrow bytes one codec must have carried for
 the interval to count as that codec's measurement."""
@@ -419,7 +424,12 @@ class AutoCompression:
         if old is None or now - old[1] > self.retry:
             self._delivered[codec] = (rate, now, 1, float(limited))
         else:
-            self._delivered[codec] = ((old[0] + rate) / 2, now, old[2] + 1, (old[3] + limited) / 2)
+            self._delivered[codec] = (
+                old[0] + (rate - old[0]) * RECENT,
+                now,
+                old[2] + 1,
+                old[3] + (limited - old[3]) * RECENT,
+            )
 
     def _probe_due(self, now: float) -> bool:
         """Queue one compressed batch of each codec not measured lately."""
@@ -465,9 +475,9 @@ class AutoCompression:
     def seeded(self, codecs: Sequence[str], now: float) -> AutoCompression:
         """A policy for a new connection over the same path (the same peer host): what this
         one measured, if the network was the limit within ``revisit`` seconds; its first
-        batches go out as this one's last did, but what that codec delivers is measured
-        again on the new connection before it counts (a choice carried over is checked,
-        not taken on trust: against the lighter codecs, as :func:`choose` does)."""
+        batches go out as this one's last did, and are checked from the first interval on
+        against the lighter codecs, as :func:`choose` does (a choice carried over is kept
+        only while it beats them by the margin)."""
         new = AutoCompression(codecs)
         stale = self.link is None or now - self.link_at > self.revisit
         if stale or tuple(codecs) != tuple(self.codecs):
@@ -475,5 +485,5 @@ class AutoCompression:
         new.current = self.current if self.current in (*codecs, "none") else "none"
         new.link, new.link_at = self.link, self.link_at
         new._rates = {c: replace(r) for c, r in self._rates.items()}
-        new._delivered = {c: d for c, d in self._delivered.items() if c != new.current}
+        new._delivered = dict(self._delivered)
         return new

@@ -214,11 +214,12 @@ def choose(
     """The codec for the next interval, from one interval's reading (a pure function), by
     the Arrow bytes per second each is expected to deliver (:meth:`Estimate.rate`; the
     current codec at ``arrow_rate``, what it moved lately, when the network was not the
-    limit): starting from the lightest (``none``), a heavier codec (more CPU per byte, at
-    both ends: :data:`LIGHTEST_FIRST`) is taken only if it beats every lighter one by
-    more than ``margin``. So a heavier codec must win by the margin to be chosen and to be
-    kept; about as fast as a lighter one is not enough, as the CPU it takes from the rest
-    of the machine is not in its figure.
+    limit). Among the codecs, starting from the lightest, a heavier one (more CPU per
+    byte, at both ends: :data:`LIGHTEST_FIRST`) is taken only if it beats every lighter
+    one by more than ``margin``: it must win by the margin to be chosen and to be kept
+    (zstd that delivers about what lz4 does goes back to lz4), as the CPU it takes from
+    the rest of the machine is not in its figure. Between none and the codec so taken,
+    the one in use stays unless the other beats it by more than ``margin``.
 
     The network the limit: the next heavier codec is considered, one step at a time (a
     lighter codec is tried before a heavier one: one probe batch tells its ratio well, its
@@ -232,12 +233,17 @@ def choose(
     rates = {c: estimate.rate(c) for c in offered}
     if not reading.link_limited and current in rates:
         rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
-    best, bar = offered[0], rates[offered[0]]
-    for codec in offered[1:]:
+    codecs = offered[1:]
+    if not codecs:
+        return "none"
+    best, bar = codecs[0], rates[codecs[0]]
+    for codec in codecs[1:]:
         if rates[codec] > bar * (1 + margin):
             best = codec
         bar = max(bar, rates[codec])
-    return best
+    if current == "none":
+        return best if rates[best] > rates["none"] * (1 + margin) else "none"
+    return "none" if rates["none"] > rates[best] * (1 + margin) else best
 
 
 QUEUED = 512

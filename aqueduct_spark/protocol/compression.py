@@ -209,7 +209,12 @@ class Estimate:
 
 
 def choose(
-    current: str, reading: PathReading, arrow_rate: float, estimate: Estimate, margin: float
+    current: str,
+    reading: PathReading,
+    arrow_rate: float,
+    estimate: Estimate,
+    margin: float,
+    own: bool = True,
 ) -> str:
     """The codec for the next interval, from one interval's reading (a pure function), by
     the Arrow bytes per second each is expected to deliver (:meth:`Estimate.rate`; the
@@ -221,15 +226,16 @@ def choose(
     the rest of the machine is not in its figure. Between none and the codec so taken,
     the one in use stays unless the other beats it by more than ``margin``.
 
-    The network the limit: the next heavier codec is considered, one step at a time (a
-    lighter codec is tried before a heavier one: one probe batch tells its ratio well, its
-    speed less so). Not the limit (our CPU, the reader's, or the application was): no
+    The network the limit with the current codec's own batches (``own``: nearly all the
+    interval delivered was sent with it, not a probe's or the last codec's): the next
+    heavier codec is considered, one step at a time (a lighter codec is tried before a
+    heavier one: one probe batch tells its ratio well, its speed less so). Not the limit (our CPU, the reader's, or the application was): no
     heavier codec than the current one is, as it would only add work where the work is the
     limit; uncompressed, it stays so.
     """
     offered = [c for c in LIGHTEST_FIRST if c == "none" or c in estimate.ratios]
     if current in offered:  # lighter ones, as it is, and the next heavier one if the link asks
-        offered = offered[: offered.index(current) + (2 if reading.link_limited else 1)]
+        offered = offered[: offered.index(current) + (2 if reading.link_limited and own else 1)]
     rates = {c: estimate.rate(c) for c in offered}
     if not reading.link_limited and current in rates:
         rates[current] = arrow_rate  # the CPU is the limit: what the codec does now
@@ -397,8 +403,9 @@ class AutoCompression:
             # the current codec at what it delivered lately (this interval's measurement
             # included, averaged: one interval of a busy host does not decide alone)
             estimate = self._estimate(now)
+            own = main == self.current and arrow[main] >= CLEAN * total
             wanted = choose(
-                self.current, reading, estimate.rate(self.current), estimate, self.margin
+                self.current, reading, estimate.rate(self.current), estimate, self.margin, own
             )
         return self._vote(wanted)
 

@@ -169,6 +169,8 @@ def test_the_lighter_codec_is_tried_before_the_heavier_one_one_step_at_a_time() 
     assert choose("lz4", reading(), 227 * MB, measured(lz4=227), 0.15) == "zstd"
     assert choose("lz4", reading(), 270 * MB, measured(lz4=270), 0.15) == "zstd"
     assert choose("lz4", reading(), 400 * MB, measured(lz4=400), 0.15) == "lz4"
+    # not on an interval the link was busy with other batches than lz4's (none's, probes')
+    assert choose("lz4", reading(), 227 * MB, zstd_fast, 0.15, own=False) == "lz4"
 
 
 # -- the policy over a run of made-up samples ------------------------------------------------

@@ -36,8 +36,8 @@ CODECS = ("lz4", "zstd")
 """The codecs an Arrow IPC message can declare, lightest first (the order ``auto`` prefers
 them)."""
 LIGHTEST_FIRST = ("none", *CODECS)
-"""Every setting ``auto`` chooses from, by CPU per byte (at both ends): a heavier one must
-beat each lighter one by ``auto``'s margin to be chosen, and to be kept."""
+"""Every setting ``auto`` chooses from, by CPU per byte (at both ends): a heavier codec must
+beat each lighter one by ``auto``'s margin to be chosen, and to be kept (:func:`choose`)."""
 SETTINGS = ("auto", "none", *CODECS)
 ZSTD_LEVELS = (-7, 22)
 """The zstd levels a setting may name (negative: faster, larger)."""
@@ -229,9 +229,10 @@ def choose(
     The network the limit with the current codec's own batches (``own``: nearly all the
     interval delivered was sent with it, not a probe's or the last codec's): the next
     heavier codec is considered, one step at a time (a lighter codec is tried before a
-    heavier one: one probe batch tells its ratio well, its speed less so). Not the limit (our CPU, the reader's, or the application was): no
-    heavier codec than the current one is, as it would only add work where the work is the
-    limit; uncompressed, it stays so.
+    heavier one: one probe batch tells its ratio well, its speed less so). Not the limit
+    (our CPU, the reader's, or the application was): no heavier codec than the current
+    one is, as it would only add work where the work is the limit; uncompressed, it stays
+    so.
     """
     offered = [c for c in LIGHTEST_FIRST if c == "none" or c in estimate.ratios]
     if current in offered:  # lighter ones, as it is, and the next heavier one if the link asks
@@ -280,15 +281,16 @@ class AutoCompression:
       on this path (the current codec: lately; another: in the last ``retry`` seconds), or
       for a codec not measured so the link's rate over its ratio, capped by how fast the
       codec encodes and by what a lighter codec delivered with the CPU the limit (a
-      promise: a codec is tried on it, and kept only if it delivers). A
-      heavier codec (more CPU per byte: zstd over lz4 over none) must beat each lighter
-      one by more than ``margin`` to be chosen, and to be kept (:func:`choose`), and is
-      considered only while the network is the limit with the current one. A switch
-      between codecs, or back to none, must be agreed by ``settle`` intervals in a row
-      (leaving none for a codec the link asks for is at once). A codec tried on a
-      promise that does not deliver the margin goes back, and is not tried again until
-      its measurement is ``retry`` seconds old (a measurement from a busy moment of the
-      machine does not rule a codec out for long).
+      promise: a codec is tried on it, and kept only if it delivers). A heavier codec
+      (more CPU per byte: zstd over lz4) must beat each lighter one by more than
+      ``margin`` to be chosen, and to be kept; between none and a codec, the one in use
+      stays unless the other wins by ``margin`` (:func:`choose`). A heavier codec is
+      considered one step at a time, and only while the network is the limit with the
+      current one's own batches. A switch between codecs, or back to none, must be agreed
+      by ``settle`` intervals in a row (leaving none for a codec the link asks for is at
+      once). A codec tried on a promise that does not deliver the margin goes back, and
+      is not tried again until its measurement is ``retry`` seconds old (a measurement
+      from a busy moment of the machine does not rule a codec out for long).
 
     Sans-IO: the caller passes the clock and the transport's samples.
     """

@@ -9,7 +9,7 @@ matters."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -79,6 +79,21 @@ async def all_closed(made: list[Connection], server: Server) -> None:
     assert [c.transport for c in server.connections if not c.is_closed] == []
 
 
+def against_a_server(body: Callable[[Server], Awaitable[None]]) -> None:
+    """Run ``body`` against a real local server, with nothing remembered of earlier races."""
+
+    async def main() -> None:
+        dial.forget()
+        server = await serve(echo)
+        try:
+            await body(server)
+        finally:
+            await server.close()
+            dial.forget()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_a_completed_attempt_is_closed_when_the_caller_is_cancelled_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -88,23 +103,17 @@ def test_a_completed_attempt_is_closed_when_the_caller_is_cancelled_twice(
     monkeypatch.delenv("AQUEDUCT_TRANSPORT", raising=False)
     attempts = watch_attempts(monkeypatch)
 
-    async def main() -> None:
-        dial.forget()
-        server = await serve(echo)
-        try:
-            caller = asyncio.ensure_future(
-                dial.connect("127.0.0.1", server.port, tls=server.client_tls())
-            )
-            attempts.then = caller.cancel  # the first cancel, as the attempt completes
-            await attempts.completed.wait()
-            await cancel_until_done(caller)
-            assert caller.cancelled()
-            await all_closed(attempts.made, server)
-        finally:
-            await server.close()
-            dial.forget()
+    async def body(server: Server) -> None:
+        caller = asyncio.ensure_future(
+            dial.connect("127.0.0.1", server.port, tls=server.client_tls())
+        )
+        attempts.then = caller.cancel  # the first cancel, as the attempt completes
+        await attempts.completed.wait()
+        await cancel_until_done(caller)
+        assert caller.cancelled()
+        await all_closed(attempts.made, server)
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    against_a_server(body)
 
 
 def test_a_chosen_winner_is_closed_when_the_caller_is_cancelled_while_the_race_cleans_up(
@@ -118,22 +127,16 @@ def test_a_chosen_winner_is_closed_when_the_caller_is_cancelled_while_the_race_c
     config = TransportConfig(tcp=TcpSettings(race_delay=0.0))
     attempts = watch_attempts(monkeypatch)
 
-    async def main() -> None:
-        dial.forget()
-        server = await serve(echo)
-        try:
-            caller = asyncio.ensure_future(
-                dial.connect("127.0.0.1", server.port, tls=server.client_tls(), config=config)
-            )
-            await attempts.completed.wait()
-            while dial.remembered("127.0.0.1", server.port) is None:  # the race chose it
-                assert not caller.done()
-                await asyncio.sleep(0)
-            await cancel_until_done(caller)
-            assert caller.cancelled()
-            await all_closed(attempts.made, server)
-        finally:
-            await server.close()
-            dial.forget()
+    async def body(server: Server) -> None:
+        caller = asyncio.ensure_future(
+            dial.connect("127.0.0.1", server.port, tls=server.client_tls(), config=config)
+        )
+        await attempts.completed.wait()
+        while dial.remembered("127.0.0.1", server.port) is None:  # the race chose it
+            assert not caller.done()
+            await asyncio.sleep(0)
+        await cancel_until_done(caller)
+        assert caller.cancelled()
+        await all_closed(attempts.made, server)
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    against_a_server(body)

@@ -120,8 +120,13 @@ def spark_client(spec: dict[str, Any]) -> None:
             if phases is not None:
                 phases.write_text("")
             before = counters(spec["dev"], servers)
+            began = time.time()
             fn()
             after = counters(spec["dev"], servers)
+            if phases is not None:
+                from benchmarks.spark_phases import event
+
+                event("query", path=key[0], op=key[1], start=began, end=time.time())
             samples[key].append({k: after[k] - before[k] for k in before})
             if phases is not None:  # per query: seconds summed over the processes
                 for k, (n, t) in summary(phases).items():

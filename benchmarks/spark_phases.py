@@ -11,7 +11,12 @@ With ``AQUEDUCT_TIMELINE`` naming a file, the aqueduct source also appends one J
 event, in wall-clock time (``time.time()``, comparable across processes): ``schema`` and
 ``plan`` on the driver's planner processes, one ``task`` per read task (its partition, its
 process's age when it began, when its first batch came, when it ended, its bytes, and the
-endpoint each of its scans leased), one ``connect`` per connection. :func:`timeline` turns
+endpoint each of its scans leased), one ``connect`` per connection; for a write (both
+sources), ``writer`` (the driver's set-up), one ``write`` per task (when its first and last
+batch came from Spark) and ``commit``; ``bench_realpath_spark --phases`` adds one ``query``
+per timed query. A write task's seconds after Spark's last batch (finishing the upload, the
+server staging it and answering) are also timed on their own (``write.tail``), and before
+its first (``write.first``). :func:`timeline` turns
 the events of one read into its shape: when planning ran, each task's interval and host,
 each host's busy time and idle gaps, and the tail after the last byte
 (``bench_scale --timeline``).
@@ -215,7 +220,9 @@ class AqPhases(AqueductDataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         _patch_connections()
+        start = time.time()
         w = timed("aq.writer", super().writer)(schema, overwrite)
+        event("writer", source="aq", start=start, end=time.time())
         return _PhasedWriter(w, "aq")
 
 
@@ -238,7 +245,9 @@ class FlPhases(FlightBench):
         return Reader(inner, "fl")
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
+        start = time.time()
         w = timed("fl.writer", super().writer)(schema, overwrite)
+        event("writer", source="fl", start=start, end=time.time())
         return _PhasedWriter(w, "fl")
 
 
@@ -249,12 +258,35 @@ class _PhasedWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> Any:
         if self.prefix == "aq":
             _patch_connections()
-        return timed(self.prefix + ".write", self.inner.write)(iterator)
+        start = time.time()
+        marks: dict[str, float] = {}
+
+        def batches() -> Iterator[Any]:
+            for batch in iterator:
+                marks.setdefault("first", time.time())
+                yield batch
+            marks["last"] = time.time()
+
+        try:
+            return timed(self.prefix + ".write", self.inner.write)(batches())
+        finally:
+            end = time.time()
+            # the task's own work after Spark's last batch: finishing the upload, the
+            # service staging it and answering
+            if "last" in marks:
+                note(self.prefix + ".write.tail", end - marks["last"])
+            if "first" in marks:
+                note(self.prefix + ".write.first", marks["first"] - start)
+            event("write", source=self.prefix, start=start, end=end, **marks)
 
     def commit(self, messages: Any) -> None:
         if self.prefix == "aq":
             _patch_connections()
-        timed(self.prefix + ".commit", self.inner.commit)(messages)
+        start = time.time()
+        try:
+            timed(self.prefix + ".commit", self.inner.commit)(messages)
+        finally:
+            event("commit", source=self.prefix, start=start, end=time.time())
 
     def abort(self, messages: Any) -> None:
         self.inner.abort(messages)

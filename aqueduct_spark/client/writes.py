@@ -324,9 +324,16 @@ async def _joined(
     joined (in order) into one of about ``size`` (``ClientConfig.join_bytes``); larger ones
     as they are. Nothing is held back longer than ``wait`` seconds for more to come: a slow
     source's batches still go out (and show as progress at the service) as they come. The
-    next batch is pulled while the caller sends the last one."""
+    next batch is pulled while the caller sends the last one.
+
+    A message holds at most the bytes already sent (:func:`_join_goal`): the first batch goes
+    as it comes, then messages double up to ``size``. What is still held when the source
+    ends goes out after its last batch, ahead of the service's answer: a small write (a
+    Spark task of a few batches) is not held back whole to its end, while a large one still
+    moves in messages of ``size`` after its first few."""
     held: list[pa.RecordBatch] = []
     nbytes = 0
+    sent = 0
     since = 0.0
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[pa.RecordBatch] | None = None
@@ -349,21 +356,27 @@ async def _joined(
                     pending = None
             batch = _conform(item, schema)
             n = batch.get_total_buffer_size()
-            if held and nbytes + n > size:
+            if held and nbytes + n > _join_goal(size, sent):
                 yield _join(held, schema)
-                held, nbytes = [], 0
+                held, sent, nbytes = [], sent + nbytes, 0
             if not held:
                 since = loop.time()
             held.append(batch)
             nbytes += n
-            if nbytes >= size:
+            if nbytes >= _join_goal(size, sent):
                 yield _join(held, schema)
-                held, nbytes = [], 0
+                held, sent, nbytes = [], sent + nbytes, 0
         if held:
             yield _join(held, schema)
     finally:
         if pending is not None:
             pending.cancel()
+
+
+def _join_goal(size: int, sent: int) -> int:
+    """The bytes the next joined message is to reach: ``size``, but no more than the write
+    sent so far (at least one byte: the first batch goes alone)."""
+    return max(1, min(size, sent))
 
 
 def _join(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:

@@ -124,9 +124,19 @@ def spark_client(spec: dict[str, Any]) -> None:
             fn()
             after = counters(spec["dev"], servers)
             if phases is not None:
-                from benchmarks.spark_phases import event
+                from benchmarks.spark_phases import event, read_events, write_path
 
-                event("query", path=key[0], op=key[1], start=began, end=time.time())
+                query = {"start": began, "end": time.time()}
+                event("query", path=key[0], op=key[1], **query)
+                marks = Path(os.environ.get("AQUEDUCT_TIMELINE", ""))
+                if key[1] == "write" and marks.name:
+                    source = "fl" if key[0].startswith("flight") else "aq"
+                    steps = write_path(read_events(marks), source, query)
+                    for step, took in steps.items():
+                        got = spent[key].setdefault("path." + step, [0.0, 0.0])
+                        got[0] += 1 / spec["repeat"]
+                        got[1] += took / spec["repeat"]
+                    marks.write_text("")
             samples[key].append({k: after[k] - before[k] for k in before})
             if phases is not None:  # per query: seconds summed over the processes
                 for k, (n, t) in summary(phases).items():
@@ -177,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         "--phases",
         action="store_true",
         help="time each data source hook and connection in Spark's Python processes "
-        "(benchmarks.spark_phases) and print them per query",
+        "(benchmarks.spark_phases) and print them per query, and each write's path through "
+        "Spark: its planning, set-up, tasks (their wait for the first batch and their tail "
+        "after the last), commit",
     )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--spark-client", help=argparse.SUPPRESS)
@@ -276,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         **os.environ,
                         "PYTHONPATH": str(ROOT),
                         "AQUEDUCT_PHASES": spec["phases"] or "",
+                        # the write's path through Spark (spark_phases.write_path)
+                        "AQUEDUCT_TIMELINE": spec["phases"] + ".timeline" if spec["phases"] else "",
                     },
                 )
                 line = next(x for x in run.stdout.splitlines() if x.startswith(READY))
@@ -309,8 +323,18 @@ def report(out: dict[str, Any]) -> None:
                 )
             print(f"  {run['rate'] or 'unshaped':8} {label:18} " + "   ".join(cells))
             for op in ("write", "read"):
-                for phase, (n, t) in sorted(r[op].get("phases", {}).items()):
-                    print(f"      {op:5} {phase:28} {t:7.3f} s in {n:4.1f} calls per query")
+                found = r[op].get("phases", {})
+                for phase, (n, t) in sorted(found.items()):
+                    if not phase.startswith("path."):
+                        print(f"      {op:5} {phase:28} {t:7.3f} s in {n:4.1f} calls per query")
+                if any(p.startswith("path.") for p in found):
+                    from benchmarks.spark_phases import WRITE_STEPS
+
+                    steps = [(s, found.get("path." + s, (0, 0.0))[1]) for s in WRITE_STEPS]
+                    print(
+                        f"      {op:5} path (ms, mean): "
+                        + ", ".join(f"{s} {t * 1000:.1f}" for s, t in steps)
+                    )
 
 
 if __name__ == "__main__":

@@ -503,3 +503,56 @@ def render(shape: dict[str, Any], width: int = RENDER_WIDTH) -> list[str]:
             f"{shape['connects']} connections opened"
         )
     return lines
+
+
+WRITE_STEPS = (
+    "query",
+    "to_writer",
+    "writer",
+    "to_tasks",
+    "tasks",
+    "task_first",
+    "task_tail",
+    "to_commit",
+    "commit",
+    "after_commit",
+)
+"""The parts of one write query (:func:`write_path`), in seconds: the query; Spark's planning
+until the writer's set-up starts (``to_writer``) and that set-up (``writer``: aqueduct's
+begin); until the first task's ``write`` (``to_tasks``); from there to the last task's end
+(``tasks``), with each task's wait for Spark's first batch (``task_first``) and its seconds
+after Spark's last (``task_tail``), averaged; the gap to the driver's commit (``to_commit``),
+the commit, and the rest of the query (``after_commit``). The ``to_*`` and ``after`` parts
+are Spark's own, the same for any Python data source."""
+
+
+def write_path(
+    events: list[dict[str, Any]], source: str, query: dict[str, Any]
+) -> dict[str, float]:
+    """:data:`WRITE_STEPS` of one write ``query`` (its ``query`` event) through ``source``
+    (``aq`` or ``fl``), from the timeline's events; empty if some hook left no event."""
+    start, end = query["start"], query["end"]
+    mine = [
+        e
+        for e in events
+        if e.get("source") == source and start - 0.001 <= e["start"] <= end + 0.001
+    ]
+    setup = [e for e in mine if e["kind"] == "writer"]
+    tasks = sorted((e for e in mine if e["kind"] == "write"), key=lambda e: e["start"])
+    commits = [e for e in mine if e["kind"] == "commit"]
+    if not (setup and tasks and commits):
+        return {}
+    last = max(e["end"] for e in tasks)
+    fed = [e for e in tasks if "first" in e and "last" in e]
+    return {
+        "query": end - start,
+        "to_writer": setup[0]["start"] - start,
+        "writer": setup[0]["end"] - setup[0]["start"],
+        "to_tasks": tasks[0]["start"] - setup[0]["end"],
+        "tasks": last - tasks[0]["start"],
+        "task_first": sum(e["first"] - e["start"] for e in fed) / max(1, len(fed)),
+        "task_tail": sum(e["end"] - e["last"] for e in fed) / max(1, len(fed)),
+        "to_commit": commits[0]["start"] - last,
+        "commit": commits[0]["end"] - commits[0]["start"],
+        "after_commit": end - commits[0]["end"],
+    }

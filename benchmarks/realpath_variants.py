@@ -176,10 +176,17 @@ def aqueduct_serve(backend: str, old: bool = False, module: str = "aqueduct_spar
 
 
 def aqueduct_read(
-    transport: str | None, backend: str, compression: str | None, old: bool = False
+    transport: str | None,
+    backend: str,
+    compression: str | None,
+    old: bool = False,
+    decode: str | None = None,
 ) -> Any:
     """A read with these client settings (None: the client's default); ``old``: with the
     copying data path of before issue 28 (``realpath_oldpath``)."""
+
+    if old and decode is None:
+        decode = "service"  # the copy work compared is the Arrow path's
 
     def read(info: dict[str, Any], table: str) -> Iterator[Any]:
         if old:
@@ -199,6 +206,8 @@ def aqueduct_read(
         if transport is not None:
             config = TransportConfig(transport=transport, backend=backend)  # type: ignore[arg-type]
         extra = {"compression": compression} if compression else {}
+        if decode is not None:
+            extra["decode"] = decode
         tls = ClientTLS(fingerprint=info["fingerprint"])
         client = Client(info["url"], tls=tls, transport=config, **extra)
         try:
@@ -219,6 +228,11 @@ def _variants() -> dict[str, Variant]:
     }
     qh3 = aqueduct_serve("qh3")
     found["aqueduct"] = Variant("aqueduct", "aqueduct", qh3, aqueduct_read(None, "auto", None))
+    # every default but the decode: the service decodes all and sends Arrow (the default
+    # before row groups went as stored Parquet)
+    found["aqueduct-arrow"] = Variant(
+        "aqueduct-arrow", "aqueduct", qh3, aqueduct_read(None, "auto", None, decode="service")
+    )
     # the default transport without compression: what compression=auto costs where it sends
     # nothing compressed (unshaped) is aqueduct against this one
     found["aqueduct-none"] = Variant(
@@ -249,7 +263,7 @@ def _variants() -> dict[str, Variant]:
         "aqueduct-tcp-none-before",
         "aqueduct-before",
         before,
-        aqueduct_read("tcp", "auto", "none"),
+        aqueduct_read("tcp", "auto", "none", decode="service"),
     )
     for backend in ("qh3", "aioquic"):
         name = f"aqueduct-{backend}"
@@ -260,7 +274,9 @@ def _variants() -> dict[str, Variant]:
 
 
 VARIANTS = _variants()
-"""Every variant. ``aqueduct`` is the client with every default (transport, compression);
+"""Every variant. ``aqueduct`` is the client with every default (transport, compression,
+decode: row groups the service can send as stored Parquet are decoded by the client);
+``aqueduct-arrow`` every default but ``decode=service`` (Arrow only, the default before);
 ``aqueduct-none`` the default transport without compression; ``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
 ``-aioquic`` over QUIC; ``-copies`` the same client settings with the copying data path of
 before issue 28 at both ends (``benchmarks/realpath_oldpath.py``); ``-before`` the service's

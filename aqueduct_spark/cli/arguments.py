@@ -11,6 +11,21 @@ from typing import Any, NoReturn
 
 from aqueduct_core.host import usable_cores
 from aqueduct_spark.cli import maintenance, staging
+from aqueduct_spark.cli.arg_types import (
+    key_value as _key_value,
+)
+from aqueduct_spark.cli.arg_types import (
+    listen_transports as _listen_transports,
+)
+from aqueduct_spark.cli.arg_types import (
+    port as _port,
+)
+from aqueduct_spark.cli.arg_types import (
+    positive as _positive,
+)
+from aqueduct_spark.cli.arg_types import (
+    seconds as _seconds,
+)
 from aqueduct_spark.protocol.headers import MAX_BATCH_BYTES
 
 DEFAULT_URL = "quic://127.0.0.1:4433"
@@ -327,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     s.add_argument(
+        "--no-pass-parquet",
+        action="store_true",
+        help="scans as Arrow only; by default a row group needing no filter, cast or filled "
+        "column goes as stored Parquet to clients that decode it (Spark option decode)",
+    )
+    s.add_argument(
         "--max-message-gap",
         type=_positive,
         default=ENGINE_DEFAULTS["max_message_gap"],
@@ -539,49 +560,6 @@ def _workers(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"expected auto or a whole number of at least 1, got {text!r}"
         ) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return value
-
-
-def _key_value(text: str) -> str:
-    if "=" not in text or text.startswith("="):
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return text
-
-
-def _listen_transports(text: str) -> str:
-    names = {n.strip().lower() for n in text.split(",") if n.strip()}
-    if not names or not names <= {"quic", "tcp"}:
-        raise argparse.ArgumentTypeError(f"expected quic, tcp or quic,tcp, got {text!r}")
-    return "auto" if names == {"quic", "tcp"} else names.pop()
 
 
 def _read_options(p: argparse.ArgumentParser) -> None:

@@ -161,6 +161,7 @@ def _serve(args: argparse.Namespace, claims: list[startup.PortClaim]) -> int:
         "max_batch_bytes": args.max_batch_bytes,
         "max_write_buffer_bytes": args.max_write_buffer_bytes,
         "compression": args.compression,
+        "pass_parquet": not args.no_pass_parquet,
         "engine": {
             "handshake_timeout": args.handshake_timeout,
             "max_message_gap": args.max_message_gap,
@@ -439,6 +440,7 @@ async def _serve_forever(
         maintenance=spec["maintenance"],
         staging=spec["staging"],
         compression=Compression.parse(spec.get("compression", "auto")),
+        pass_parquet=spec.get("pass_parquet", True),
     )
     transport = TransportConfig(
         backend=spec["backend"],

@@ -31,6 +31,21 @@ JOIN_WAIT = 0.2
 batches still go out as they come."""
 
 
+DECODES = ("auto", "service")
+"""Where a scan's Parquet may be decoded (:attr:`ClientConfig.decode`)."""
+
+
+def check_decode(value: str, where: str) -> str:
+    """``value`` as a ``decode`` setting, or ValueError naming ``where``."""
+    text = str(value).strip().lower()
+    if text not in DECODES:
+        raise ValueError(
+            f"{where} must be auto or service, got {value!r}: auto lets this client decode "
+            "the row groups the service can send as stored Parquet; service asks for Arrow only"
+        )
+    return text
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """How to reach and talk to a dataset service."""
@@ -56,6 +71,10 @@ class ClientConfig:
     """Arrow IPC body compression on data channels: ``auto`` (compress when the network,
     not the CPU, is the limit: decided per connection from what the transport measures, in
     both directions), ``none``, ``lz4``, ``zstd`` or ``zstd:LEVEL`` (fixed)."""
+    decode: str = "auto"
+    """Where a scan's Parquet is decoded: ``auto`` (the service sends the row groups it need
+    not change as they are stored, and this client decodes them: fewer bytes on the wire
+    and no decode at the service; the rest comes as Arrow), or ``service`` (Arrow only)."""
     chunk_bytes: int = CHUNK_BYTES
     join_bytes: int = JOIN_BYTES
     """A write joins consecutive batches smaller than this into one data message of about
@@ -69,6 +88,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         Compression.parse(self.compression, "ClientConfig.compression")  # ValueError
+        object.__setattr__(self, "decode", check_decode(self.decode, "ClientConfig.decode"))
         given: object = self.transport
         if isinstance(given, str):
             # transport="tcp" (or quic, auto): the choice alone, other settings default.

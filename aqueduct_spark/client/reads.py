@@ -4,7 +4,8 @@ read a whole dataset."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import cbor2
@@ -17,6 +18,7 @@ from aqueduct_spark.client.failures import Kind, classify
 from aqueduct_spark.client.models import Plan, to_wire_filters
 from aqueduct_spark.client.retry import Retrying, RetryPolicy
 from aqueduct_spark.client.session import BULK, Session, log
+from aqueduct_spark.protocol import parquet as PQ
 
 
 class Reads(Session):
@@ -108,7 +110,11 @@ class Reads(Session):
         same order from every service process (``service.resume``)."""
         conn = await self._connection(BULK)  # the request carries the channel: same connection
         compression = P.Compression.parse(self.config.compression)
-        headers = [(P.H_SCHEMA, P.schema_to_bytes(schema)), *P.request_headers(compression)]
+        headers = [
+            (P.H_SCHEMA, P.schema_to_bytes(schema)),
+            *P.request_headers(compression),
+            *PQ.format_headers(self.config.decode),
+        ]
         tx, rx = channel(headers=headers, codec="raw")
         first = split if isinstance(split, Mapping) else next(iter(split), {})
         await conn.entrypoint.send(
@@ -129,27 +135,62 @@ class Reads(Session):
             }
         )
         skip, opening = skip_rows, True  # the first data message says what was skipped
+        # row groups sent as stored, decoding on worker threads, oldest first: the next one
+        # starts decoding while the one before is handed over (DECODE_AHEAD)
+        decoding: deque[asyncio.Future[list[pa.RecordBatch]]] = deque()
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
                     delivery = await self._nudged(conn, rx.recv_message())
                 except EndOfChannel:
+                    delivery = None
+                ready: list[pa.RecordBatch] = []
+                if delivery is not None:
+                    error = P.find_header(delivery.headers, P.H_ERROR)
+                    if error is not None:
+                        raise P.error_from_wire(cbor2.loads(error))
+                    if opening:
+                        opening = False
+                        skip -= _confirmed(P.skipped_rows(delivery.headers), skip_rows)
+                    stored = P.find_header(delivery.headers, P.H_PARQUET)
+                    if stored is not None:
+                        work = self._parquet_work(stored, delivery.value, schema, batch_rows)
+                        decoding.append(loop.run_in_executor(None, work))
+                    else:
+                        ready.append(self._decode(delivery.value, schema))
+                # in order: row groups sent before an Arrow batch, or before the end, first;
+                # otherwise only the oldest once DECODE_AHEAD are decoding
+                while decoding and (delivery is None or ready or len(decoding) >= DECODE_AHEAD):
+                    for batch in await decoding.popleft():
+                        kept, skip = _skipped(batch, skip)
+                        if kept is not None:
+                            yield kept
+                for batch in ready:
+                    kept, skip = _skipped(batch, skip)
+                    if kept is not None:
+                        yield kept
+                if delivery is None:
                     return
-                error = P.find_header(delivery.headers, P.H_ERROR)
-                if error is not None:
-                    raise P.error_from_wire(cbor2.loads(error))
-                if opening:
-                    opening = False
-                    skip -= _confirmed(P.skipped_rows(delivery.headers), skip_rows)
-                batch = self._decode(delivery.value, schema)
-                if skip:  # what the service sent again (one that predates skip_rows)
-                    if batch.num_rows <= skip:
-                        skip -= batch.num_rows
-                        continue
-                    batch, skip = batch.slice(skip), 0
-                yield batch
         finally:
+            for pending in decoding:
+                pending.cancel()
             rx.close()
+
+    def _parquet_work(
+        self, header: bytes, payload: Any, schema: pa.Schema, batch_rows: int | None
+    ) -> Callable[[], list[pa.RecordBatch]]:
+        """A row group the service sent as stored (``protocol.parquet``), checked here, to
+        decode on a worker thread (Arrow's decoder lets go of the GIL)."""
+        if PQ.PARQUET not in PQ.offered_formats(PQ.format_headers(self.config.decode)):
+            raise P.InvalidRequest(
+                "the service sent a row group as stored Parquet, which this client did not "
+                "offer (decode=service); check that the URL is the dataset service you expect"
+            )
+        message = PQ.read_parquet_message(header, payload)
+        rows = batch_rows or PARQUET_BATCH_ROWS
+        limit = self.config.max_batch_bytes
+        return lambda: list(message.decode(schema, rows, limit))
 
     def _decode(self, payload: Any, schema: pa.Schema) -> pa.RecordBatch:
         """One data message of a scan, checked against this client's limit before anything
@@ -204,6 +245,25 @@ class Reads(Session):
             task = splits[0] if len(splits) == 1 else splits
             async for batch in self.scan(task, schema=plan.schema, columns=columns, filter=filter):
                 yield batch
+
+
+PARQUET_BATCH_ROWS = 65536
+"""Rows per batch decoded from stored Parquet when the scan leaves ``batch_rows`` to the
+service (the service's own default)."""
+DECODE_AHEAD = 2
+"""Row groups sent as stored that a scan decodes at once (each on a worker thread, one
+thread each): the next starts while the one before is handed over. A scan holds at most
+this many row groups decoded."""
+
+
+def _skipped(batch: pa.RecordBatch, skip: int) -> tuple[pa.RecordBatch | None, int]:
+    """``batch`` without the first ``skip`` rows still to drop (what a service that predates
+    ``skip_rows`` sent again), and what is left to drop."""
+    if not skip:
+        return batch, 0
+    if batch.num_rows <= skip:
+        return None, skip - batch.num_rows
+    return batch.slice(skip), 0
 
 
 def _confirmed(skipped: int, asked: int) -> int:

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from aqueduct_core.host import usable_cores
 from aqueduct_spark.protocol import DataLoss, InvalidRequest, Split
+from aqueduct_spark.protocol import parquet as PQ
 
 from .binding import Condition
 from .resume import Skip
@@ -289,13 +290,24 @@ def plan_splits(
     return splits
 
 
-def coalesce(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+Item: TypeAlias = pa.RecordBatch | PQ.ParquetPiece
+"""What a scan yields: a batch of rows, or a row group to send as stored (:data:`PASS_FROM`)."""
+
+
+def coalesce(batches: Iterator[Item], rows: int) -> Iterator[Item]:
     """Batches of up to ``rows`` rows from consecutive ``batches`` of one schema (a batch of
     another schema starts a new one): many small files make many tiny batches, and each
-    batch costs a message and a conversion in Spark."""
+    batch costs a message and a conversion in Spark. A row group passed as stored goes
+    as it is, after the rows before it."""
     held: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
+        if isinstance(batch, PQ.ParquetPiece):
+            if held:
+                yield held[0] if len(held) == 1 else pa.concat_batches(held)
+                held, count = [], 0
+            yield batch
+            continue
         if held and (count + batch.num_rows > rows or not batch.schema.equals(held[0].schema)):
             yield held[0] if len(held) == 1 else pa.concat_batches(held)
             held, count = [], 0

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from aqueduct_core.api import Connection, Sender
 from aqueduct_spark import protocol as P
+from aqueduct_spark.protocol import parquet as PQ
 from aqueduct_spark.service.batch_limits import payloads_for_reader
 
 log = logging.getLogger("aqueduct.service")
@@ -39,6 +40,8 @@ class Encoded:
     """How it was encoded: ``none``, ``lz4``, ``zstd:1``, ..."""
     encode: float
     """Seconds spent encoding (and compressing) it."""
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    """Message headers beside the batch header (a row group sent as stored: its ranges)."""
 
     @property
     def codec(self) -> str:
@@ -47,10 +50,33 @@ class Encoded:
 
 
 def encoded(
+    items: Iterator[pa.RecordBatch | PQ.ParquetPiece],
+    setting: Callable[[], str],
+    limit: int | None,
+    batch_rows: int,
+) -> Iterator[Encoded]:
+    """``items`` as data messages within the reader's ``limit``, each batch encoded as
+    ``setting()`` says when its turn comes. A row group passed as stored goes as one message
+    (``setting`` ``parquet``, ``arrow``: its bytes before Parquet's compression, as its
+    footer declares), unless it or those bytes are over the limit: then it is decoded here
+    and sent as batches like any other."""
+    for item in items:
+        if isinstance(item, PQ.ParquetPiece):
+            most = limit if limit is not None else P.MAX_BATCH_BYTES
+            if item.nbytes <= most and item.stored <= most:
+                yield Encoded(
+                    item.payload(), item.rows, item.stored, PQ.PARQUET, 0.0, (item.header(),)
+                )
+                continue
+            batches: Iterator[pa.RecordBatch] = item.batches(batch_rows)
+        else:
+            batches = iter((item,))
+        yield from _encoded(batches, setting, limit)
+
+
+def _encoded(
     batches: Iterator[pa.RecordBatch], setting: Callable[[], str], limit: int | None
 ) -> Iterator[Encoded]:
-    """``batches`` as data messages within the reader's ``limit``, each batch encoded as
-    ``setting()`` says when its turn comes."""
     for batch in batches:
         chosen = setting()
         options = P.write_options(chosen)
@@ -75,8 +101,8 @@ class ScanCodec:
     def sent(self, conn: Connection | None, item: Encoded, work: float) -> None:
         """``item`` went out; ``work``: the worker thread's seconds for it in all."""
         policy = self.policy
-        if policy is None or conn is None:
-            return
+        if policy is None or conn is None or item.setting == PQ.PARQUET:
+            return  # stored Parquet is compressed as it is: nothing to choose
         now = time.monotonic()
         policy.sent(item.codec, item.arrow, len(item.payload), item.encode, work, now)
         if policy.due(now) and policy.path(conn.path(), now):
@@ -141,3 +167,36 @@ class ConnectionCodecs:
         """The codecs writers may compress with, as ``begin`` answers (none when the
         service's setting is ``none``: it would rather spend no CPU decompressing)."""
         return [] if self.setting.codec == "none" else list(P.CODECS)
+
+
+def as_target(
+    items: Iterator[pa.RecordBatch | PQ.ParquetPiece], target: pa.Schema | None, batch_rows: int
+) -> Iterator[pa.RecordBatch | PQ.ParquetPiece]:
+    """``items`` as the reader's schema ``target`` wants them (None: as they are): batches
+    cast; a row group passed as stored goes as it is when its columns are the target's
+    (the reader decodes it into its own schema), else it is decoded and cast here."""
+    for item in items:
+        if isinstance(item, PQ.ParquetPiece):
+            if target is None or _same_columns(item.schema, target):
+                yield item
+            else:
+                yield from (_cast(batch, target) for batch in item.batches(batch_rows))
+        else:
+            yield item if target is None or item.schema == target else _cast(item, target)
+
+
+def _same_columns(schema: pa.Schema, target: pa.Schema) -> bool:
+    """Whether rows of ``schema`` are rows of ``target`` (names and types; a reader sets its
+    own schema's metadata and nullability on what it decodes)."""
+    return schema.names == target.names and all(
+        a.type.equals(b.type) for a, b in zip(schema, target, strict=True)
+    )
+
+
+def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    try:
+        return batch.select(target.names).cast(target)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise P.SchemaMismatch(
+            f"cannot deliver the data as the requested schema: {exc}; ask for types the dataset's columns cast to (aqueduct describe shows them)"
+        ) from exc

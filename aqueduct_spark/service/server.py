@@ -20,8 +20,6 @@ from dataclasses import field as dataclass_field
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
-
 from aqueduct_core.api import Connection, OneshotSender, Receiver, Sender
 from aqueduct_core.api.channel import Handle, _SendEnd
 from aqueduct_core.api.codec import CborCodec, Codec, Detach, RawCodec
@@ -34,6 +32,7 @@ from aqueduct_core.errors import (
 )
 from aqueduct_core.transport import Server, ServerTLS, TransportConfig, serve
 from aqueduct_spark import protocol as P
+from aqueduct_spark.protocol import parquet as PQ
 from aqueduct_spark.service import binding, split_files
 from aqueduct_spark.service.access import AccessPolicy, Grant, authorize, scan_splits
 from aqueduct_spark.service.admission import (
@@ -49,7 +48,8 @@ from aqueduct_spark.service.maintenance import Maintenance, MaintenanceConfig
 from aqueduct_spark.service.observability import Observer, committed, failed, note
 from aqueduct_spark.service.operations import COMMITTING, Operations, field
 from aqueduct_spark.service.resume import Skip, skip_rows
-from aqueduct_spark.service.scan_codec import ConnectionCodecs, encoded
+from aqueduct_spark.service.scan import Item
+from aqueduct_spark.service.scan_codec import ConnectionCodecs, as_target, encoded
 from aqueduct_spark.service.store import Store
 from aqueduct_spark.service.transactions import StagingConfig, Transactions
 from aqueduct_spark.service.watch import LogWatch
@@ -113,6 +113,9 @@ class ServiceConfig:
     """Scans whose reader leaves the codec to the service (its ``auto``): ``auto`` (compress
     when the network, not the CPU, is the limit), ``none``, or a fixed codec
     (``--compression``). A reader's fixed setting is always honoured."""
+    pass_parquet: bool = True
+    """Send row groups that need nothing done to them as stored Parquet to readers that offer
+    to decode it (``--no-pass-parquet``: always decode here and send Arrow)."""
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "max_scans", "request_window", "threads"):
@@ -454,13 +457,16 @@ class DatasetService:
         note(skipped=skip.asked)
         out.ordered(maxsize=SCAN_QUEUE)
 
-        def scan_one(raw: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        # a reader that decodes Parquet gets row groups that need nothing done as stored
+        passing = self.config.pass_parquet and PQ.PARQUET in PQ.offered_formats(out.headers)
+
+        def scan_one(raw: dict[str, Any]) -> Iterator[Item]:
             if "change_type" in raw:  # a split of the change feed (service.changes)
                 return skip.drop(scan_change(self.store, raw, columns, batch_rows))
             split = P.Split.from_dict(raw)
-            return self.store.scan(split, columns, expression, batch_rows, skip)
+            return self.store.scan(split, columns, expression, batch_rows, skip, passing)
 
-        def scan_all() -> Iterator[pa.RecordBatch]:
+        def scan_all() -> Iterator[Item]:
             # only files the log shows: no staged file, whatever path a split names
             split_files.check(self.store, raws[0]["dataset"], raws)
             if not many:
@@ -474,20 +480,20 @@ class DatasetService:
                 filter=expression,
                 batch_rows=batch_rows,
                 skip=skip,
+                passing=passing,
             )
 
-        def cast_all() -> Iterator[pa.RecordBatch]:
-            for batch in scan_all():
-                yield batch if target is None or batch.schema == target else _cast(batch, target)
-
-        messages = encoded(cast_all(), codec.setting, limit)
+        messages = encoded(
+            as_target(scan_all(), target, batch_rows), codec.setting, limit, batch_rows
+        )
         seq = 0
         while True:
             item, work = await self._pool.run(session, _timed_next, messages)
             if item is None:
                 break
             await out.send(
-                item.payload, headers=[P.batch_header(item.rows, seq, skip.confirm(seq))]
+                item.payload,
+                headers=[P.batch_header(item.rows, seq, skip.confirm(seq)), *item.headers],
             )
             nbytes = len(item.payload)
             note(rows=item.rows, nbytes=nbytes, direction="out", arrow=item.arrow, codec=item.codec)
@@ -551,15 +557,6 @@ def _timed_next(items: Iterator[Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     item = next(items, None)
     return item, time.perf_counter() - start
-
-
-def _cast(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
-    try:
-        return batch.select(target.names).cast(target)
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise P.SchemaMismatch(
-            f"cannot deliver the data as the requested schema: {exc}; ask for types the dataset's columns cast to (aqueduct describe shows them)"
-        ) from exc
 
 
 async def start(

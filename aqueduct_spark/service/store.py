@@ -59,6 +59,7 @@ from . import changes, commits, delta_log, delta_types, history, scan, staging, 
 from .binding import Condition
 from .changes import TABLE_PROPERTIES
 from .commits import METADATA_KEY, commit_meta
+from .pass_parquet import read_or_pass
 from .resume import Skip
 from .tables import NAME_RE, Snapshot, Tables, delta_error
 
@@ -386,11 +387,14 @@ class Store(Tables):
         filter: Condition | pc.Expression | None = None,
         batch_rows: int = 65536,
         skip: Skip | None = None,
-    ) -> Iterator[pa.RecordBatch]:
+        passing: bool = False,
+    ) -> Iterator[scan.Item]:
         """Stream the rows of one split, or of several one after the other (a plan's task):
         projected, filtered exactly, in the projected schema of each split's version, without
         the first rows ``skip`` leaves out (a resumed scan). The small batches of several
-        splits are merged into batches of up to ``batch_rows``.
+        splits are merged into batches of up to ``batch_rows``. With ``passing`` (the reader
+        offered Parquet), row groups that need nothing done come as stored
+        (:func:`.pass_parquet.read_or_pass`).
 
         Everything is checked before this returns (a bad split, columns or filter; a missing
         file is :class:`DataLoss`); rows are read as the iterator is consumed, at most a few
@@ -437,9 +441,9 @@ class Store(Tables):
                 "version (plan the scan again)"
             )
 
-        def batches() -> Iterator[pa.RecordBatch]:
+        def batches() -> Iterator[scan.Item]:
             for reader, sp in todo:
-                yield from reader.read(sp, skip)
+                yield from read_or_pass(reader, sp, skip, passing)
 
         return scan.coalesce(batches(), batch_rows) if many else batches()
 

@@ -41,7 +41,11 @@ from aqueduct_core.transport import ClientTLS, TransportConfig
 url, fingerprint = sys.argv[1:3]
 # a 1 MiB window (16 MiB by default): the service cannot run seconds ahead of this slow link
 transport = TransportConfig(transport="tcp", engine=EngineConfig(flow_window=1 << 20))
-with Client(url, tls=ClientTLS(fingerprint=fingerprint), transport=transport) as client:
+# decode=service: every row group as Arrow, which the codec is chosen for (row groups sent
+# as stored Parquet are compressed as they are)
+with Client(
+    url, tls=ClientTLS(fingerprint=fingerprint), transport=transport, decode="service"
+) as client:
     plan = client.plan("trips")
     rows = sum(b.num_rows for b in client.scan(plan.splits, schema=plan.schema, batch_rows=8192))
 print(json.dumps({"rows": rows}))

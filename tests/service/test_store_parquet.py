@@ -1,0 +1,172 @@
+"""Row groups sent as stored Parquet (issue 28, ``protocol.parquet``): the store yields a row
+group that needs nothing done to it as a piece of the file (its footer and the byte ranges of
+its column chunks), and the reader's decode of that piece gives exactly the rows the Arrow path
+gives, in the same order. What needs work (a filter, a cast, a partition column, a resumed
+scan's first rows, a small row group) still comes as Arrow, in order with the pieces. A piece
+whose header or bytes lie is refused by name before anything is decoded. Over a real
+connection: tests/client/test_parquet_reads.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cbor2
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from delta_store_helpers import write
+
+from aqueduct_spark.protocol import InvalidRequest
+from aqueduct_spark.protocol import parquet as PQ
+from aqueduct_spark.service import pass_parquet
+from aqueduct_spark.service.resume import Skip
+from aqueduct_spark.service.store import Store
+
+ROWS = 40_000
+
+
+def table(start: int, rows: int) -> pa.Table:
+    ids = pa.array(range(start, start + rows), pa.int64())
+    return pa.table(
+        {
+            "id": ids,
+            "s": pa.array([f"row-{i}" for i in range(start, start + rows)]),
+            "tags": pa.array([[i, i * 7919 % 1_000_003] for i in range(start, start + rows)]),
+            "point": pa.array(
+                [
+                    {"x": float(i), "y": None if i % 5 else "five"}
+                    for i in range(start, start + rows)
+                ]
+            ),
+            "day": pa.array([i % 3 for i in range(start, start + rows)], pa.int32()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """``big``: one file of several row groups of ~100 KiB; ``parts``: partitioned by day;
+    ``mixed``: a big file between two small ones."""
+    root = tmp_path_factory.mktemp("pq-root")
+    store = Store(str(root))
+    write(store, "big", table(0, ROWS), row_group_bytes=400 << 10, batch_rows=4_000)
+    write(store, "parts", table(0, ROWS), partition_by=["day"], row_group_bytes=400 << 10)
+    write(store, "mixed", table(0, 50))
+    write(store, "mixed", table(50, ROWS), row_group_bytes=400 << 10, batch_rows=4_000)
+    write(store, "mixed", table(ROWS + 50, 50))
+    return store
+
+
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    # row groups of this test's small tables count as large (the default is 1 MiB)
+    monkeypatch.setattr(pass_parquet, "PASS_FROM", 16 << 10)
+
+
+def over_the_wire(item: Any, schema: pa.Schema, batch_rows: int = 5_000) -> list[pa.RecordBatch]:
+    """What a reader decodes of a piece: its header and its payload as received."""
+    header = item.header()[1]
+    message = PQ.read_parquet_message(header, bytes(item.payload()))
+    return list(message.decode(schema, batch_rows, 64 << 20))
+
+
+def rows_of(items: list[Any], schema: pa.Schema) -> pa.Table:
+    batches = []
+    for item in items:
+        batches += over_the_wire(item, schema) if isinstance(item, PQ.ParquetPiece) else [item]
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+@pytest.mark.parametrize(
+    "columns", [None, ["point", "id"], ["tags"]], ids=["all", "projected, reordered", "a list"]
+)
+def test_row_groups_go_as_stored_and_decode_to_the_rows_of_the_arrow_path(
+    store: Store, columns: list[str] | None
+) -> None:
+    plan = store.plan("big", columns=columns)
+    schema = plan.schema
+    arrow = pa.Table.from_batches(list(store.scan(plan.splits, columns=columns)), schema=schema)
+    items = list(store.scan(plan.splits, columns=columns, passing=True))
+    pieces = [i for i in items if isinstance(i, PQ.ParquetPiece)]
+    assert len(pieces) >= 3 and len(pieces) == len(items)
+    assert rows_of(items, schema).equals(arrow)
+    # fewer bytes than the Arrow they decode to, and only the columns asked for
+    assert sum(p.nbytes for p in pieces) < arrow.nbytes
+    assert all(p.columns == tuple(schema.names) for p in pieces)
+
+
+def test_what_needs_work_comes_as_arrow_in_order_with_the_pieces(store: Store) -> None:
+    plan = store.plan("big")
+    schema = plan.schema
+    full = pa.Table.from_batches(list(store.scan(plan.splits)), schema=schema)
+    # a filter: every row must be looked at here
+    where = pc.field("id") >= 10
+    filtered = list(store.scan(plan.splits, filter=where, passing=True))
+    assert not any(isinstance(i, PQ.ParquetPiece) for i in filtered)
+    # a resumed scan: its first split's rows are cut here; a later split's may go as stored
+    skipped = list(store.scan(plan.splits, skip=Skip(12_345), passing=True))
+    assert rows_of(skipped, schema).equals(full.slice(12_345))
+    # a partition column is filled here, so its row groups come as Arrow; without it, stored
+    parts = store.plan("parts")
+    assert not any(isinstance(i, PQ.ParquetPiece) for i in store.scan(parts.splits, passing=True))
+    plan_id = store.plan("parts", columns=["id", "s"])
+    ided = list(store.scan(plan_id.splits, columns=["id", "s"], passing=True))
+    assert any(isinstance(i, PQ.ParquetPiece) for i in ided)
+    # small files of a task are merged into Arrow batches, in order around the pieces
+    mixed = store.plan("mixed")
+    items = list(store.scan(mixed.splits, passing=True))
+    kinds = ["piece" if isinstance(i, PQ.ParquetPiece) else "arrow" for i in items]
+    assert "piece" in kinds and kinds[0] == "arrow" and kinds[-1] == "arrow", kinds
+    ids = rows_of(items, mixed.schema).column("id").to_pylist()
+    assert sorted(ids) == list(range(ROWS + 100)) and len(ids) == ROWS + 100
+    arrow_ids = pa.Table.from_batches(list(store.scan(mixed.splits)), schema=mixed.schema)
+    assert ids == arrow_ids.column("id").to_pylist()
+
+
+def piece(store: Store) -> tuple[Any, pa.Schema]:
+    plan = store.plan("big")
+    return next(iter(store.scan(plan.splits, passing=True))), plan.schema
+
+
+def tampered(item: Any, **changes: Any) -> dict[str, Any]:
+    fields = cbor2.loads(item.header()[1])
+    fields.update(changes)
+    return fields
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"rows": 1}, "row count 1 is not its row group's"),
+        ({"row_group": 99}, "row group 99 is not in its footer's"),
+        ({"footer": 3}, "footer of 3 bytes does not fit"),
+        ({"ranges": "all"}, "header field 'ranges'"),
+        ({"ranges": [[0, 10]]}, "add up to"),
+        ({"size": 5}, "leaves the file"),
+        ({"columns": ["id", 3]}, "column names are not all text"),
+    ],
+)
+def test_a_lying_header_is_refused_before_anything_is_decoded(
+    store: Store, change: dict[str, Any], says: str
+) -> None:
+    item, _ = piece(store)
+    with pytest.raises(InvalidRequest, match=says) as info:
+        PQ.read_parquet_message(cbor2.dumps(tampered(item, **change)), bytes(item.payload()))
+    assert "decode=service" in str(info.value)
+
+
+def test_bytes_nobody_sent_are_never_read(store: Store) -> None:
+    item, schema = piece(store)
+    # the header keeps half of the first range only (the payload likewise): the decoder
+    # needs the rest, and is refused rather than shown other bytes
+    start, data = item.ranges[0]
+    length = len(data)
+    cut = [[start, length // 2]]
+    payload = bytes(item.footer) + bytes(data)[: length // 2]
+    message = PQ.read_parquet_message(cbor2.dumps(tampered(item, ranges=cut)), payload)
+    with pytest.raises(InvalidRequest, match="outside the ranges the service sent"):
+        list(message.decode(schema, 5_000, 64 << 20))
+    # a row group that declares more decoded bytes than the reader's limit is not decoded
+    whole = PQ.read_parquet_message(item.header()[1], bytes(item.payload()))
+    with pytest.raises(InvalidRequest, match="declares more than this client's limit"):
+        list(whole.decode(schema, 5_000, 1_000))

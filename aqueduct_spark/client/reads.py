@@ -180,17 +180,21 @@ class Reads(Session):
     def _parquet_work(
         self, header: bytes, payload: Any, schema: pa.Schema, batch_rows: int | None
     ) -> Callable[[], list[pa.RecordBatch]]:
-        """A row group the service sent as stored (``protocol.parquet``), checked here, to
-        decode on a worker thread (Arrow's decoder lets go of the GIL)."""
+        """A row group the service sent as stored (``protocol.parquet``), to check,
+        decompress and decode on a worker thread (Arrow lets go of the GIL for all three)."""
         if PQ.PARQUET not in PQ.offered_formats(PQ.format_headers(self.config.decode)):
             raise P.InvalidRequest(
                 "the service sent a row group as stored Parquet, which this client did not "
                 "offer (decode=service); check that the URL is the dataset service you expect"
             )
-        message = PQ.read_parquet_message(header, payload)
         rows = batch_rows or PARQUET_BATCH_ROWS
         limit = self.config.max_batch_bytes
-        return lambda: list(message.decode(schema, rows, limit))
+
+        def work() -> list[pa.RecordBatch]:
+            message = PQ.read_parquet_message(header, payload, limit)
+            return list(message.decode(schema, rows, limit))
+
+        return work
 
     def _decode(self, payload: Any, schema: pa.Schema) -> pa.RecordBatch:
         """One data message of a scan, checked against this client's limit before anything

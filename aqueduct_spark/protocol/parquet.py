@@ -209,8 +209,10 @@ class ParquetPiece:
         footer declares them (:func:`declared_size`)."""
         return declared_size(self.metadata, self.row_group, self.columns) or 0
 
-    def header(self) -> tuple[bytes, bytes]:
-        fields = {
+    def header(self, codec: str | None = None) -> tuple[bytes, bytes]:
+        """The message's ``aqds-parquet-4b1f0a`` header; ``codec``: its payload is that
+        codec's compression of the footer and ranges (``length`` bytes once decompressed)."""
+        fields: dict[str, Any] = {
             "row_group": self.row_group,
             "rows": self.rows,
             "columns": list(self.columns),
@@ -218,10 +220,24 @@ class ParquetPiece:
             "footer": len(self.footer),
             "ranges": [[o, len(b)] for o, b in self.ranges],
         }
+        if codec is not None:
+            fields["codec"] = codec
+            fields["length"] = self.nbytes
         return (H_PARQUET, cbor2.dumps(fields))
 
     def payload(self) -> Gather:
         return Gather([self.footer, *(b for _, b in self.ranges)])
+
+    def packed(self, setting: str) -> tuple[Any, tuple[bytes, bytes]]:
+        """The message's payload and header with ``setting``'s compression on the whole
+        payload (``none``, ``lz4``, ``zstd:LEVEL``): one copy to join the parts, then the
+        codec (the Arrow library's LZ4 frame or zstd, as for Arrow bodies)."""
+        codec, _, level = setting.partition(":")
+        if codec == "none":
+            return self.payload(), self.header()
+        joined = pa.py_buffer(bytes(self.payload()))
+        packer = pa.Codec(codec, compression_level=int(level) if level else None)
+        return packer.compress(joined), self.header(codec)
 
     def batches(self, batch_rows: int, use_threads: bool = False) -> Iterator[pa.RecordBatch]:
         """The rows, decoded here (the service does this for a piece it cannot send)."""
@@ -282,6 +298,9 @@ class ParquetMessage:
         )
 
 
+CODECS = ("lz4", "zstd")
+"""Compressions a Parquet data message's payload may have (``codec`` in its header)."""
+
 _HEADER_FIELDS = {
     "row_group": int,
     "rows": int,
@@ -292,9 +311,10 @@ _HEADER_FIELDS = {
 }
 
 
-def read_parquet_message(header: bytes, payload: Any) -> ParquetMessage:
+def read_parquet_message(header: bytes, payload: Any, limit: int) -> ParquetMessage:
     """Check a Parquet data message's header against its payload and parse its footer;
-    nothing is decoded yet."""
+    nothing is decoded yet. A compressed payload (``codec``) is decompressed into exactly
+    the ``length`` it declares, which must be within ``limit`` (checked first)."""
     try:
         fields = cbor2.loads(header)
     except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
@@ -308,6 +328,21 @@ def read_parquet_message(header: bytes, payload: Any) -> ParquetMessage:
     if not all(isinstance(c, str) for c in fields["columns"]):
         raise _bad("column names are not all text")
     buf = payload if isinstance(payload, pa.Buffer) else pa.py_buffer(payload)
+    if "codec" in fields:
+        codec, length = fields["codec"], fields.get("length")
+        if codec not in CODECS:
+            raise _bad(f"codec {codec!r:.20} is not one of {', '.join(CODECS)}")
+        if not isinstance(length, int) or isinstance(length, bool) or not 0 < length <= limit:
+            raise _bad(
+                f"payload declares {length!r:.20} bytes decompressed, not from 1 to this "
+                f"client's limit of {limit / 2**20:g} MiB (maxBatchBytes)"
+            )
+        try:
+            buf = pa.Codec(codec).decompress(buf, decompressed_size=length)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise _bad(f"{codec} payload cannot be decompressed ({exc})") from None
+        if len(buf) != length:
+            raise _bad(f"payload decompresses to {len(buf)} bytes, not the {length} declared")
     size, footer = fields["size"], fields["footer"]
     if not 12 <= footer <= len(buf) or size < 0:
         raise _bad(f"footer of {footer} bytes does not fit a payload of {len(buf)}")

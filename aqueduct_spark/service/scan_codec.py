@@ -35,9 +35,11 @@ class Encoded:
     payload: Any
     rows: int
     arrow: int
-    """Arrow bytes of the batch (uncompressed)."""
+    """Bytes before compression: the batch's Arrow bytes; a row group sent as stored, its
+    Parquet bytes as in the file."""
     setting: str
-    """How it was encoded: ``none``, ``lz4``, ``zstd:1``, ..."""
+    """How it was encoded: ``none``, ``lz4``, ``zstd:1``, ...; a row group sent as stored:
+    ``parquet``, or ``parquet+lz4`` (compressed whole on top)."""
     encode: float
     """Seconds spent encoding (and compressing) it."""
     headers: tuple[tuple[bytes, bytes], ...] = ()
@@ -45,8 +47,17 @@ class Encoded:
 
     @property
     def codec(self) -> str:
-        """Its body compression: ``none``, ``lz4`` or ``zstd``."""
+        """What the access line and metrics count it as: ``none``, ``lz4``, ``zstd``,
+        ``parquet``, ``parquet+lz4``, ``parquet+zstd``."""
         return self.setting.partition(":")[0]
+
+    @property
+    def compression(self) -> str:
+        """The compression the ``auto`` policy chose for it: ``none``, ``lz4`` or ``zstd``."""
+        codec = self.codec
+        if codec.startswith(PQ.PARQUET):
+            codec = codec.removeprefix(PQ.PARQUET).removeprefix("+") or "none"
+        return codec
 
 
 def encoded(
@@ -56,17 +67,20 @@ def encoded(
     batch_rows: int,
 ) -> Iterator[Encoded]:
     """``items`` as data messages within the reader's ``limit``, each batch encoded as
-    ``setting()`` says when its turn comes. A row group passed as stored goes as one message
-    (``setting`` ``parquet``, ``arrow``: its bytes before Parquet's compression, as its
-    footer declares), unless it or those bytes are over the limit: then it is decoded here
-    and sent as batches like any other."""
+    ``setting()`` says when its turn comes. A row group passed as stored goes as one message,
+    compressed whole with the codec ``setting()`` names (the file's own compression may be
+    weak: snappy over sequences), unless it, or the bytes its footer declares decoded, are
+    over the limit: then it is decoded here and sent as batches like any other."""
     for item in items:
         if isinstance(item, PQ.ParquetPiece):
             most = limit if limit is not None else P.MAX_BATCH_BYTES
             if item.nbytes <= most and item.stored <= most:
-                yield Encoded(
-                    item.payload(), item.rows, item.stored, PQ.PARQUET, 0.0, (item.header(),)
-                )
+                chosen = setting()
+                start = time.perf_counter()
+                payload, header = item.packed(chosen)
+                took = time.perf_counter() - start
+                label = PQ.PARQUET if chosen == "none" else f"{PQ.PARQUET}+{chosen}"
+                yield Encoded(payload, item.rows, item.nbytes, label, took, (header,))
                 continue
             batches: Iterator[pa.RecordBatch] = item.batches(batch_rows)
         else:
@@ -101,10 +115,10 @@ class ScanCodec:
     def sent(self, conn: Connection | None, item: Encoded, work: float) -> None:
         """``item`` went out; ``work``: the worker thread's seconds for it in all."""
         policy = self.policy
-        if policy is None or conn is None or item.setting == PQ.PARQUET:
-            return  # stored Parquet is compressed as it is: nothing to choose
+        if policy is None or conn is None:
+            return
         now = time.monotonic()
-        policy.sent(item.codec, item.arrow, len(item.payload), item.encode, work, now)
+        policy.sent(item.compression, item.arrow, len(item.payload), item.encode, work, now)
         if policy.due(now) and policy.path(conn.path(), now):
             mb = (policy.link or 0) / 1e6
             log.debug(

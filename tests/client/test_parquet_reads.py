@@ -115,3 +115,14 @@ def test_decode_is_checked_where_it_is_given() -> None:
     with pytest.raises(OptionError, match="option 'decode' must be auto or service"):
         parse({**base, "decode": "spark"})
     assert parse(base).decode == "auto"
+
+
+def test_stored_row_groups_take_the_readers_compression_on_top(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aqueduct.access")
+    got = asyncio.run(read_both(tmp_path / "root", compression="zstd"))
+    assert got["auto"].equals(got["service"])
+    stored = scan_lines(caplog.records)[-2]
+    assert "parquet+zstd" in stored["compression"], stored
+    assert stored["bytes"] < stored["arrow_bytes"], stored

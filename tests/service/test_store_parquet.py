@@ -23,6 +23,7 @@ from aqueduct_spark.service.resume import Skip
 from aqueduct_spark.service.store import Store
 
 ROWS = 40_000
+LIMIT = 64 << 20
 
 
 def table(start: int, rows: int) -> pa.Table:
@@ -66,8 +67,8 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
 def over_the_wire(item: Any, schema: pa.Schema, batch_rows: int = 5_000) -> list[pa.RecordBatch]:
     """What a reader decodes of a piece: its header and its payload as received."""
     header = item.header()[1]
-    message = PQ.read_parquet_message(header, bytes(item.payload()))
-    return list(message.decode(schema, batch_rows, 64 << 20))
+    message = PQ.read_parquet_message(header, bytes(item.payload()), LIMIT)
+    return list(message.decode(schema, batch_rows, LIMIT))
 
 
 def rows_of(items: list[Any], schema: pa.Schema) -> pa.Table:
@@ -151,7 +152,7 @@ def test_a_lying_header_is_refused_before_anything_is_decoded(
 ) -> None:
     item, _ = piece(store)
     with pytest.raises(InvalidRequest, match=says) as info:
-        PQ.read_parquet_message(cbor2.dumps(tampered(item, **change)), bytes(item.payload()))
+        PQ.read_parquet_message(cbor2.dumps(tampered(item, **change)), bytes(item.payload()), LIMIT)
     assert "decode=service" in str(info.value)
 
 
@@ -163,10 +164,39 @@ def test_bytes_nobody_sent_are_never_read(store: Store) -> None:
     length = len(data)
     cut = [[start, length // 2]]
     payload = bytes(item.footer) + bytes(data)[: length // 2]
-    message = PQ.read_parquet_message(cbor2.dumps(tampered(item, ranges=cut)), payload)
+    message = PQ.read_parquet_message(cbor2.dumps(tampered(item, ranges=cut)), payload, LIMIT)
     with pytest.raises(InvalidRequest, match="outside the ranges the service sent"):
         list(message.decode(schema, 5_000, 64 << 20))
     # a row group that declares more decoded bytes than the reader's limit is not decoded
-    whole = PQ.read_parquet_message(item.header()[1], bytes(item.payload()))
+    whole = PQ.read_parquet_message(item.header()[1], bytes(item.payload()), LIMIT)
     with pytest.raises(InvalidRequest, match="declares more than this client's limit"):
         list(whole.decode(schema, 5_000, 1_000))
+
+
+@pytest.mark.parametrize("setting", ["lz4", "zstd:3"])
+def test_a_piece_compressed_whole_decodes_to_the_same_rows(store: Store, setting: str) -> None:
+    item, schema = piece(store)
+    payload, (_, header) = item.packed(setting)
+    assert len(payload) < item.nbytes  # this table's snappy pages still compress
+    got = PQ.read_parquet_message(header, payload, LIMIT).decode(schema, 5_000, LIMIT)
+    plain = PQ.read_parquet_message(item.header()[1], bytes(item.payload()), LIMIT)
+    assert pa.Table.from_batches(list(got)).equals(
+        pa.Table.from_batches(list(plain.decode(schema, 5_000, LIMIT)))
+    )
+
+
+def test_a_compressed_piece_is_bounded_by_what_it_declares(store: Store) -> None:
+    item, _ = piece(store)
+    payload, (_, header) = item.packed("zstd:1")
+    fields = cbor2.loads(header)
+    # declared beyond the reader's limit: refused before anything is decompressed
+    with pytest.raises(InvalidRequest, match=r"declares .* bytes decompressed"):
+        PQ.read_parquet_message(header, payload, item.nbytes - 1)
+    # declaring less than it holds: decompression stops at what was declared, and fails
+    short = cbor2.dumps({**fields, "length": item.nbytes // 2})
+    with pytest.raises(InvalidRequest, match=r"cannot be decompressed|decompresses to"):
+        PQ.read_parquet_message(short, payload, LIMIT)
+    with pytest.raises(InvalidRequest, match="codec 'brotli'"):
+        PQ.read_parquet_message(cbor2.dumps({**fields, "codec": "brotli"}), payload, LIMIT)
+    with pytest.raises(InvalidRequest, match="cannot be decompressed"):
+        PQ.read_parquet_message(header, bytes(len(payload)), LIMIT)

@@ -448,7 +448,7 @@ class DatasetService:
         raws, many = scan_splits(req)
         columns = field(req, "columns", list, None)
         expression = binding.Condition.from_wire(req.get("filters"))
-        codec = self.compression.for_scan(out, conn)
+
         wanted = P.find_header(out.headers, P.H_SCHEMA)
         target = P.schema_from_bytes(wanted) if wanted else None
         batch_rows = field(req, "batch_rows", int, None) or self.config.batch_rows
@@ -459,6 +459,7 @@ class DatasetService:
 
         # a reader that decodes Parquet gets row groups that need nothing done as stored
         passing = self.config.pass_parquet and PQ.PARQUET in PQ.offered_formats(out.headers)
+        codec = self.compression.for_scan(out, conn, passing)
 
         def scan_one(raw: dict[str, Any]) -> Iterator[Item]:
             if "change_type" in raw:  # a split of the change feed (service.changes)

@@ -393,3 +393,28 @@ def test_a_closed_connection_leaves_only_its_measurements_with_the_service() -> 
     policy = asyncio.run(scan_on_a_connection())
     gc.collect()
     assert not policy._queue  # kept for the host's next connection, without its batches
+
+
+def test_scans_of_stored_parquet_and_of_arrow_keep_apart_what_they_measured() -> None:
+    import asyncio
+
+    from aqueduct_core.api import channel
+    from aqueduct_core.testing.memory import memory_pair
+    from aqueduct_spark.service.scan_codec import ConnectionCodecs
+
+    codecs = ConnectionCodecs(P.AUTO)
+
+    async def scans() -> None:
+        async with memory_pair() as pair:
+            pair.server.peer = ("198.18.0.2", 40000)
+            out, _ = channel(headers=P.request_headers(P.AUTO))
+            stored = codecs.for_scan(out, pair.server, True).policy
+            arrow = codecs.for_scan(out, pair.server, False).policy
+            assert stored is not None and arrow is not None and stored is not arrow
+            # the same connection's next scan of each kind goes on from its own state
+            assert codecs.for_scan(out, pair.server, True).policy is stored
+            assert codecs.for_scan(out, pair.server, False).policy is arrow
+            # and the host's next connection is seeded from the state of the same kind
+            assert set(codecs._hosts) == {("198.18.0.2", True), ("198.18.0.2", False)}
+
+    asyncio.run(scans())

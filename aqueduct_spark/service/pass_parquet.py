@@ -31,11 +31,12 @@ and a decoder set-up per 100-row file would cost the reader more than decoding i
 def read_or_pass(
     reader: SplitReader, split: Split, skip: Skip | None = None, passing: bool = False
 ) -> Iterator[Item]:
-    """``reader.read(split, skip)``, except that with ``passing`` (the reader offered Parquet) a row group
-    that needs nothing done to it goes as it is stored (:class:`.ParquetPiece`): no
-    filter, no cast, no column to fill or drop, no rows of it to skip, the file's types
-    the table's, and at least :data:`PASS_FROM` bytes. Everything else is decoded here,
-    as before: the rows and their order are the same either way (``service.resume``)."""
+    """``reader.read(split, skip)``, except that with ``passing`` (the reader offered
+    Parquet) a row group that needs nothing done to it goes as it is stored
+    (:class:`.ParquetPiece`): no filter, no cast, no column to fill or drop, no rows of it to
+    skip, the file's types the table's, and at least :data:`PASS_FROM` bytes. Everything
+    else is decoded here, as before: the rows and their order are the same either way
+    (``service.resume``)."""
     if (
         not passing
         or split.bytes < PASS_FROM

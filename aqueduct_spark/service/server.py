@@ -484,9 +484,7 @@ class DatasetService:
                 passing=passing,
             )
 
-        messages = encoded(
-            as_target(scan_all(), target, batch_rows), codec.setting, limit, batch_rows
-        )
+        messages = encoded(as_target(scan_all(), target, batch_rows), codec, limit, batch_rows)
         seq = 0
         while True:
             item, work = await self._pool.run(session, _timed_next, messages)

@@ -95,8 +95,8 @@ def test_a_lying_parquet_message_fails_the_read_at_once_by_name(
 ) -> None:
     honest = PQ.ParquetPiece.header
 
-    def lying(self: PQ.ParquetPiece) -> tuple[bytes, bytes]:
-        key, value = honest(self)
+    def lying(self: PQ.ParquetPiece, codec: str | None = None) -> tuple[bytes, bytes]:
+        key, value = honest(self, codec)
         fields = cbor2.loads(value)
         fields["rows"] += 1  # one row more than the footer says: rows would be made up
         return key, cbor2.dumps(fields)

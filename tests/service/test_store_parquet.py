@@ -200,3 +200,39 @@ def test_a_compressed_piece_is_bounded_by_what_it_declares(store: Store) -> None
         PQ.read_parquet_message(cbor2.dumps({**fields, "codec": "brotli"}), payload, LIMIT)
     with pytest.raises(InvalidRequest, match="cannot be decompressed"):
         PQ.read_parquet_message(header, bytes(len(payload)), LIMIT)
+
+
+def test_auto_puts_lz4_on_stored_pages_only_where_it_shrinks_them_enough(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from aqueduct_spark import protocol as P
+    from aqueduct_spark.service import scan_codec
+    from aqueduct_spark.service.scan_codec import ScanCodec
+
+    # a million rows of the bench table shrink to 0.08 with lz4 on their snappy pages; this
+    # test's 200k rows to 0.27: the threshold is raised to 0.3 to keep the test small
+    monkeypatch.setattr(scan_codec, "STORED_LZ4", 0.3)
+
+    seq = Store(str(tmp_path_factory.mktemp("seq")))
+    n = 200_000  # ids in sequence and their halves, as the bench table: snappy leaves much
+    data = pa.table({"id": pa.array(range(n), pa.int64()), "x": [i / 2 for i in range(n)]})
+    write(seq, "seq", data, row_group_bytes=4 << 20, batch_rows=20_000)
+    item = next(i for i in seq.scan(seq.plan("seq").splits, passing=True))
+    assert isinstance(item, PQ.ParquetPiece)
+    auto = ScanCodec(P.AUTO, P.AutoCompression(P.CODECS))
+    chosen, payload, _ = auto.pack(item)
+    assert chosen == "lz4" and len(payload) <= 0.3 * item.nbytes
+    assert auto.pack(item)[0] == "lz4"  # decided once per scan
+    # a reader's fixed setting is honoured, none included
+    assert ScanCodec(P.Compression("none"), None).pack(item)[0] == "none"
+    # pages that do not shrink go as they are
+    noise = Store(str(tmp_path_factory.mktemp("noise")))
+    data = pa.table({"b": pa.array([os.urandom(64) for _ in range(20_000)])})
+    write(noise, "noise", data, row_group_bytes=400 << 10, batch_rows=4_000)
+    plan = noise.plan("noise")
+    (first, *_) = [i for i in noise.scan(plan.splits, passing=True)]
+    assert isinstance(first, PQ.ParquetPiece)
+    fresh = ScanCodec(P.AUTO, P.AutoCompression(P.CODECS))
+    assert fresh.pack(first)[0] == "none"

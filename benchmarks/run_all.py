@@ -182,9 +182,13 @@ def section_realpath(data: dict[str, Any]) -> list[str]:
         "project's Flight server and a plain one (deltalake + pyarrow's scanner); Flight zstd "
         "is the plain one with zstd IPC compression on. Wire: bytes the client's interface "
         "received per read. CPU s/GB: CPU seconds of the client and of the server process "
-        "per GB of Arrow data. `aqueduct` is every client default (transport and compression "
-        "`auto`), `aqueduct-none` the default transport without compression, `aqueduct-tcp` "
-        "the default compression over TLS/TCP, `-none|lz4|zstd` fixed.",
+        "per GB of Arrow data. `aqueduct` is every client default (transport, compression "
+        "and decode `auto`: row groups the service need not change travel as stored Parquet "
+        "and the client decodes them, [operations](operations.md#parquet-as-stored)), "
+        "`aqueduct-arrow` every default but `decode=service` (Arrow from the service, the "
+        "default before), `aqueduct-none` the default transport and decode without "
+        "compression, `aqueduct-tcp` the default compression over TLS/TCP, `-none|lz4|zstd` "
+        "fixed.",
         "",
     ]
     if "command" in data:

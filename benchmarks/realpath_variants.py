@@ -250,6 +250,14 @@ def _variants() -> dict[str, Variant]:
             found[name] = Variant(
                 name, "aqueduct", qh3, aqueduct_read(transport, "auto", compression)
             )
+        # the same settings on today's path with Arrow only: the copy work compared is the
+        # Arrow path's (the named variant decodes stored Parquet at the client now)
+        found[f"{name}-arrow"] = Variant(
+            f"{name}-arrow",
+            "aqueduct",
+            qh3,
+            aqueduct_read(transport, "auto", compression, decode="service"),
+        )
         found[f"{name}-copies"] = Variant(
             f"{name}-copies",
             "aqueduct-copies",
@@ -279,16 +287,21 @@ decode: row groups the service can send as stored Parquet are decoded by the cli
 ``aqueduct-arrow`` every default but ``decode=service`` (Arrow only, the default before);
 ``aqueduct-none`` the default transport without compression; ``-tcp`` over TLS/TCP with default compression, ``-tcp-none|lz4|zstd`` fixed; ``-qh3`` and
 ``-aioquic`` over QUIC; ``-copies`` the same client settings with the copying data path of
-before issue 28 at both ends (``benchmarks/realpath_oldpath.py``); ``-before`` the service's
+before issue 28 at both ends, beside ``-arrow``, those settings on today's Arrow path (``benchmarks/realpath_oldpath.py``); ``-before`` the service's
 scan cost before issue 28's decode and cipher work (``benchmarks/realpath_olddecode.py``). ``flight`` is the project's Flight server, ``flight-plain`` the plain
 one users would write (the faster of the two is the baseline), ``flight-zstd`` the plain one
 with zstd IPC compression turned on."""
 DEFAULT_VARIANTS = [
     v
     for v in VARIANTS
-    if v != "aqueduct-aioquic" and not v.endswith("-copies") and not v.endswith("-before")
+    if v != "aqueduct-aioquic"
+    and not v.endswith(("-copies", "-before"))
+    and not (v.endswith("-arrow") and v != "aqueduct-arrow")
 ]
 COPIES_VARIANTS = [
-    v for name in VARIANTS if name.endswith("-copies") for v in (name.removesuffix("-copies"), name)
+    v
+    for name in VARIANTS
+    if name.endswith("-copies")
+    for v in (name.removesuffix("-copies") + "-arrow", name)
 ]
 """``--copies``: each path of issue 28's copy work beside the same path before it."""

@@ -75,14 +75,15 @@ def format_headers(decode: str) -> list[tuple[bytes, bytes]]:
     return [(H_FORMATS, PARQUET.encode())] if decode == "auto" else []
 
 
-def _leaves(t: pa.DataType) -> int:
-    """How many Parquet leaf columns an Arrow column of type ``t`` is stored as."""
+def leaf_count(t: pa.DataType) -> int:
+    """How many Parquet leaf columns (column chunks per row group) an Arrow column of type
+    ``t`` is stored as."""
     if pa.types.is_struct(t):
-        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+        return sum(leaf_count(t.field(i).type) for i in range(t.num_fields))
     if pa.types.is_map(t):
-        return _leaves(t.key_type) + _leaves(t.item_type)
+        return leaf_count(t.key_type) + leaf_count(t.item_type)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _leaves(t.value_type)
+        return leaf_count(t.value_type)
     return 1
 
 
@@ -93,7 +94,7 @@ def leaf_columns(arrow: pa.Schema, names: Sequence[str], stored: int) -> list[in
     spans: dict[str, range] = {}
     at = 0
     for f in arrow:
-        n = _leaves(f.type)
+        n = leaf_count(f.type)
         spans[f.name] = range(at, at + n)
         at += n
     if at != stored or len(spans) != len(arrow):

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from aqueduct_spark.protocol import InvalidRequest, SchemaMismatch, StagedFile
+from aqueduct_spark.protocol.parquet import leaf_count
 
 from .delta_stats import stats_from_metadata
 from .delta_types import conform_batch, delta_schema, same_type
@@ -293,17 +294,6 @@ FOOTER_BYTES, FOOTER_BYTES_PER_CHUNK = 64 << 10, 9 << 10
 for the minimum and maximum, then the chunk's metadata)."""
 
 
-def _leaves(t: pa.DataType) -> int:
-    """Parquet leaf columns a field of type ``t`` is written as."""
-    if pa.types.is_struct(t):
-        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
-    if pa.types.is_map(t):
-        return _leaves(t.key_type) + _leaves(t.item_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _leaves(t.value_type)
-    return 1
-
-
 def _upper_bound(table: pa.Table, leaves: Sequence[int]) -> int:
     """A bound on the bytes writing ``table`` as one row group takes: plain encoding takes no
     more than Arrow's buffers (a value as wide, offsets as lengths, levels no wider than the
@@ -385,7 +375,7 @@ class StageWriter:
         self._staged: list[StagedFile] = []
         self._state = "open"
         self.rows = 0
-        self._leaves = [_leaves(f.type) for f in self._file_schema]
+        self._leaves = [leaf_count(f.type) for f in self._file_schema]
         self.meter: Callable[[int], None] | None = None
         """Told every change of the bytes this writer has on storage, before it writes (an
         upper bound of what the next row group or footer takes) and after (the difference to

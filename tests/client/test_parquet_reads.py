@@ -126,3 +126,25 @@ def test_stored_row_groups_take_the_readers_compression_on_top(
     stored = scan_lines(caplog.records)[-2]
     assert "parquet+zstd" in stored["compression"], stored
     assert stored["bytes"] < stored["arrow_bytes"], stored
+
+
+def test_stored_parquet_a_client_did_not_offer_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a service that sends row groups as stored whatever the reader offered
+    monkeypatch.setattr(PQ, "offered_formats", lambda headers: frozenset({PQ.PARQUET}))
+
+    async def main() -> None:
+        _, server = await start(ServiceConfig(str(tmp_path / "root")))
+        url = f"tcp://127.0.0.1:{server.port}"
+        try:
+            config = ClientConfig(url, tls=server.client_tls(), decode="service", retries=3)
+            async with AsyncClient(config) as c:
+                await c.create("t", data().schema)
+                await c.append("t", data())
+                with pytest.raises(P.InvalidRequest, match="which this client did not offer"):
+                    await c.read("t")
+        finally:
+            await server.close()
+
+    asyncio.run(main())
